@@ -1,0 +1,356 @@
+"""`CostGraph`: the torch-free record of one profiled training step.
+
+A `CostGraph` is what the solvers and the simulator see of a model. It imports no torch: it
+can be loaded from JSON, generated synthetically and solved on a machine without PyTorch.
+
+What it holds, keyed by node name and in forward execution order:
+
+* ``nodes``: one `Node` per graph node that runs (FX ``call_module`` / ``call_function`` /
+  ``call_method``), with its measured forward and backward times, the bytes of new storage its
+  outputs allocate, and the tensors autograd saved for its backward (`Saved`).
+* ``storages``: every storage allocated in forward (`Storage`): its bytes, the node that
+  allocated it, whether it backs one of that node's outputs, the last forward node that reads it,
+  and which nodes' backward saved it. This is what lets `simulate` decide when a storage is
+  freed under any schedule.
+* ``fwd_events``: the allocations and frees observed *inside* each node (op temporaries).
+* ``bwd_steps``: the backward pass as it ran, a step per contiguous run of one node's
+  backward functions, with the gradient storages allocated and freed. A schedule does not
+  change the backward order or the gradients, so the simulator replays these as recorded.
+* graph-level bytes (parameters, buffers, inputs) and the measured unscheduled peak and step time.
+
+All bytes are integers; all times are seconds (floats).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable
+
+import networkx as nx
+
+__all__ = [
+    "SCHEMA",
+    "VERSION",
+    "CostGraph",
+    "CostGraphError",
+    "Node",
+    "Saved",
+    "Storage",
+    "BwdStep",
+]
+
+SCHEMA = "scheduler.costgraph"
+VERSION = 1
+
+
+class CostGraphError(ValueError):
+    """A cost graph (or its JSON file) is malformed: the message names the field."""
+
+
+@dataclass(frozen=True)
+class Saved:
+    """One tensor autograd saved for a node's backward.
+
+    ``source`` is the node that produced it, or ``"param:<name>"``, ``"buffer:<name>"``,
+    ``"input:<i>"`` for tensors that exist before the step; ``storage`` is the `Storage` id
+    (``None`` for parameters, buffers and inputs); ``bytes`` the storage's size.
+    """
+
+    source: str
+    storage: int | None
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Node:
+    """One executed graph node."""
+
+    name: str
+    op: str  # call_module | call_function | call_method
+    target: str
+    inputs: tuple[str, ...]  # names of the nodes whose values it reads (compute nodes only)
+    module_path: str = ""  # e.g. "transformer.h.3.attn"
+    block: str = ""  # the repeated block it belongs to, e.g. "transformer.h.3"; "" if none
+    is_loss: bool = False  # part of the loss, not of the model: always runs un-checkpointed
+    time_s: float = 0.0  # forward time, median of the profile's repeats
+    bwd_time_s: float = 0.0  # time of its backward functions, median of the repeats
+    out_bytes: int = 0  # new storage its outputs allocate (views allocate 0)
+    saved: tuple[Saved, ...] = ()
+    shape: str = ""  # output shapes and dtypes, e.g. "f32[4,64,128]"; part of the fingerprint
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(s.bytes for s in self.saved)
+
+
+@dataclass(frozen=True)
+class Storage:
+    """A storage allocated during forward by node ``producer``.
+
+    ``output``: it backs (part of) the producer's output; otherwise it is internal to the op.
+    ``inner_free``: the profile saw it freed before the producer finished (an op temporary).
+    ``last_use``: the last node, in forward order, that reads it (directly or through a view);
+    the producer itself when nothing later does.
+    ``savers``: the nodes whose backward saved it.
+    ``views``: later nodes whose outputs alias it (views, in-place results, getitem).
+    """
+
+    id: int
+    bytes: int
+    producer: str
+    output: bool
+    inner_free: bool
+    last_use: str
+    savers: tuple[str, ...] = ()
+    views: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BwdStep:
+    """A contiguous part of the backward pass that ran one node's backward functions.
+
+    ``events`` are ``("a", grad_id, bytes)`` for a gradient storage allocated and ``("f",
+    grad_id, 0)`` for one freed, in the order they happened. ``node`` is ``""`` for work before
+    the first backward function (the seed gradient of the loss).
+    """
+
+    node: str
+    time_s: float
+    events: tuple[tuple[str, int, int], ...] = ()
+
+
+@dataclass
+class CostGraph:
+    """A profiled training step, torch-free. See the module docstring."""
+
+    name: str
+    nodes: list[Node]
+    storages: dict[int, Storage] = field(default_factory=dict)
+    fwd_events: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    bwd_steps: list[BwdStep] = field(default_factory=list)
+    param_bytes: int = 0
+    buffer_bytes: int = 0
+    input_bytes: int = 0
+    grad_bytes: int = 0  # gradients of parameters (and inputs) alive after the step
+    measured_peak_bytes: int = 0  # unscheduled step, measured by profile
+    measured_step_s: float = 0.0  # unscheduled step, median wall time
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._index = {n.name: i for i, n in enumerate(self.nodes)}
+        if len(self._index) != len(self.nodes):
+            seen: set[str] = set()
+            dup = next(n.name for n in self.nodes if n.name in seen or seen.add(n.name))
+            raise CostGraphError(f"nodes: duplicate node name {dup!r}")
+        self._check()
+
+    # -- structure ---------------------------------------------------------------------------
+    def index(self, name: str) -> int:
+        """Forward position of node ``name``."""
+        try:
+            return self._index[name]
+        except KeyError:
+            raise KeyError(f"no node named {name!r} in graph {self.name!r}") from None
+
+    def node(self, name: str) -> Node:
+        return self.nodes[self.index(name)]
+
+    @property
+    def compute_nodes(self) -> list[str]:
+        """The nodes a schedule assigns to regions: every model node (loss nodes excluded)."""
+        return [n.name for n in self.nodes if not n.is_loss]
+
+    @property
+    def base_bytes(self) -> int:
+        """Bytes alive throughout the step before anything runs: parameters, buffers, inputs."""
+        return self.param_bytes + self.buffer_bytes + self.input_bytes
+
+    def saved_bytes(self) -> int:
+        """Bytes of the unique storages autograd saves in the step (parameters included)."""
+        seen: dict[Any, int] = {}
+        for n in self.nodes:
+            for s in n.saved:
+                key = s.storage if s.storage is not None else s.source
+                seen[key] = s.bytes
+        return sum(seen.values())
+
+    def to_networkx(self) -> nx.DiGraph:
+        """The data-flow DAG: an edge u -> v when v reads u's value; node attributes are the
+        `Node` fields."""
+        g = nx.DiGraph()
+        for n in self.nodes:
+            g.add_node(n.name, **asdict(n))
+        for n in self.nodes:
+            for u in n.inputs:
+                g.add_edge(u, n.name)
+        return g
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of the structure and shapes (names, ops, targets, edges, output shapes), not of
+        measured times or bytes: it changes exactly when the model or its input shapes do."""
+        return structure_fingerprint(
+            (n.name, n.op, n.target, n.inputs, n.shape, n.is_loss) for n in self.nodes)
+
+    def _check(self) -> None:
+        names = self._index
+        for n in self.nodes:
+            for u in n.inputs:
+                if u not in names:
+                    raise CostGraphError(f"nodes[{n.name!r}].inputs: unknown node {u!r}")
+                if names[u] >= names[n.name]:
+                    raise CostGraphError(
+                        f"nodes[{n.name!r}].inputs: {u!r} does not run before {n.name!r}; "
+                        "nodes must be in execution order")
+            for s in n.saved:
+                if s.storage is not None and s.storage not in self.storages:
+                    raise CostGraphError(
+                        f"nodes[{n.name!r}].saved: unknown storage {s.storage}")
+        for sid, st in self.storages.items():
+            for attr in ("producer", "last_use"):
+                if getattr(st, attr) not in names:
+                    raise CostGraphError(
+                        f"storages[{sid}].{attr}: unknown node {getattr(st, attr)!r}")
+            for m in (*st.savers, *st.views):
+                if m not in names:
+                    raise CostGraphError(f"storages[{sid}]: unknown node {m!r}")
+            if st.bytes < 0:
+                raise CostGraphError(f"storages[{sid}].bytes: negative ({st.bytes})")
+        for name in self.fwd_events:
+            if name not in names:
+                raise CostGraphError(f"fwd_events: unknown node {name!r}")
+        for i, step in enumerate(self.bwd_steps):
+            if step.node and step.node not in names:
+                raise CostGraphError(f"bwd_steps[{i}].node: unknown node {step.node!r}")
+
+    # -- JSON ----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "version": VERSION,
+            "name": self.name,
+            "fingerprint": self.fingerprint,
+            "param_bytes": self.param_bytes,
+            "buffer_bytes": self.buffer_bytes,
+            "input_bytes": self.input_bytes,
+            "grad_bytes": self.grad_bytes,
+            "measured_peak_bytes": self.measured_peak_bytes,
+            "measured_step_s": self.measured_step_s,
+            "meta": self.meta,
+            "nodes": [
+                {**asdict(n), "inputs": list(n.inputs),
+                 "saved": [[s.source, s.storage, s.bytes] for s in n.saved]}
+                for n in self.nodes
+            ],
+            "storages": [
+                [s.id, s.bytes, s.producer, s.output, s.inner_free, s.last_use, list(s.savers),
+                 list(s.views)]
+                for s in self.storages.values()
+            ],
+            "fwd_events": {k: [list(e) for e in v] for k, v in self.fwd_events.items()},
+            "bwd_steps": [[b.node, b.time_s, [list(e) for e in b.events]] for b in self.bwd_steps],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CostGraph":
+        if not isinstance(d, dict):
+            raise CostGraphError(f"expected a JSON object, got {type(d).__name__}")
+        if d.get("schema") != SCHEMA:
+            raise CostGraphError(f"schema: expected {SCHEMA!r}, got {d.get('schema')!r}")
+        if d.get("version") != VERSION:
+            raise CostGraphError(
+                f"version: this scheduler reads version {VERSION}, the file has "
+                f"{d.get('version')!r}; re-profile the model with `scheduler profile`")
+        try:
+            node_fields = {f.name for f in fields(Node)}
+            nodes = []
+            for i, nd in enumerate(_get(d, "nodes", list)):
+                unknown = set(nd) - node_fields
+                if unknown:
+                    raise CostGraphError(f"nodes[{i}]: unknown fields {sorted(unknown)}")
+                nodes.append(Node(**{
+                    **nd,
+                    "inputs": tuple(nd["inputs"]),
+                    "saved": tuple(Saved(src, sid, int(b)) for src, sid, b in nd["saved"]),
+                }))
+            storages = {}
+            for i, row in enumerate(_get(d, "storages", list)):
+                if len(row) != 8:
+                    raise CostGraphError(f"storages[{i}]: expected 8 fields, got {len(row)}")
+                sid, b, prod, out, inner, last, savers, views = row
+                storages[int(sid)] = Storage(int(sid), int(b), prod, bool(out), bool(inner),
+                                             last, tuple(savers), tuple(views))
+            fwd_events = {k: [(str(e[0]), int(e[1])) for e in v]
+                          for k, v in _get(d, "fwd_events", dict).items()}
+            bwd_steps = [BwdStep(node, float(t), tuple((str(e[0]), int(e[1]), int(e[2]))
+                                                       for e in ev))
+                         for node, t, ev in _get(d, "bwd_steps", list)]
+            g = cls(
+                name=_get(d, "name", str),
+                nodes=nodes,
+                storages=storages,
+                fwd_events=fwd_events,
+                bwd_steps=bwd_steps,
+                param_bytes=_get(d, "param_bytes", int),
+                buffer_bytes=_get(d, "buffer_bytes", int),
+                input_bytes=_get(d, "input_bytes", int),
+                grad_bytes=_get(d, "grad_bytes", int),
+                measured_peak_bytes=_get(d, "measured_peak_bytes", int),
+                measured_step_s=float(_get(d, "measured_step_s", (int, float))),
+                meta=_get(d, "meta", dict),
+            )
+        except CostGraphError:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise CostGraphError(f"malformed cost graph: {type(e).__name__}: {e}") from e
+        if "fingerprint" in d and d["fingerprint"] != g.fingerprint:
+            raise CostGraphError(
+                f"fingerprint: the file says {d['fingerprint']!r} but its nodes hash to "
+                f"{g.fingerprint!r}; the file was edited or corrupted")
+        return g
+
+    def save(self, path: str | Path) -> None:
+        """Write the graph as JSON (schema `SCHEMA`, version `VERSION`)."""
+        Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostGraph":
+        """Read a graph written by `save`. Raises `CostGraphError` naming the bad field."""
+        text = Path(path).read_text()
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CostGraphError(f"{path}: not valid JSON ({e})") from e
+        try:
+            return cls.from_dict(d)
+        except CostGraphError as e:
+            raise CostGraphError(f"{path}: {e}") from e
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CostGraph) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        return (f"CostGraph({self.name!r}, {len(self.nodes)} nodes, "
+                f"{len(self.storages)} storages, fingerprint={self.fingerprint})")
+
+
+def structure_fingerprint(rows: Iterable[tuple[Any, ...]]) -> str:
+    """Hash of ``(name, op, target, inputs, shape, is_loss)`` rows, one per node in order."""
+    h = hashlib.sha256()
+    for row in rows:
+        h.update(repr(tuple(row)).encode())
+    return h.hexdigest()[:16]
+
+
+def _get(d: dict[str, Any], key: str, typ: type | tuple[type, ...]) -> Any:
+    if key not in d:
+        raise CostGraphError(f"{key}: missing")
+    v = d[key]
+    if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+        want = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+        raise CostGraphError(f"{key}: expected {want}, got {type(v).__name__} ({v!r:.40})")
+    return v
+

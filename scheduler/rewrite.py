@@ -1,0 +1,223 @@
+"""The rewriter: ``(traced GraphModule, Schedule) -> nn.Module`` with checkpointed regions.
+
+`CheckpointedModule` is a drop-in for the user's model: it registers the model's own child
+modules, parameters and buffers under the same names (so ``state_dict`` keys and parameter
+objects are the original's) and returns the model's output. Each ``recompute`` region runs
+under ``torch.utils.checkpoint.checkpoint(use_reentrant=False, preserve_rng_state=True)``;
+a region with a save set adds a selective-checkpoint policy that marks every op of those nodes
+MUST_SAVE. Buffers a region mutates in forward (BatchNorm running statistics) are restored after
+its replay in backward, so they are updated once per step.
+
+This is the only module that builds modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
+                                    create_selective_checkpoint_contexts)
+
+from ._exec import Program
+from .schedule import Schedule, ScheduleError
+
+__all__ = ["CheckpointedModule", "rewrite"]
+
+
+@dataclass
+class _Region:
+    recompute: bool
+    nodes: list[fx.Node]
+    first: int  # position of the first node in the program
+    inputs: list[str]  # values read from outside the region (not attributes)
+    outputs: list[str]  # values read after the region
+    save: frozenset[str]
+    buffers: list[torch.Tensor]  # buffers its nodes may mutate
+    last_read: dict[str, int] = field(default_factory=dict)  # value -> last local reader
+    current: list[str | None] = field(default_factory=lambda: [None])  # node running now
+
+
+def rewrite(gm: fx.GraphModule, schedule: Schedule, model: nn.Module) -> "CheckpointedModule":
+    """Build the checkpointed module for ``schedule`` over a graph traced from ``model``.
+
+    The schedule's regions must name exactly the graph's model nodes in order (validate it
+    against the profiled `CostGraph` first for a fingerprint check).
+    """
+    return CheckpointedModule(gm, schedule, model)
+
+
+class CheckpointedModule(nn.Module):
+    """``model`` with ``schedule`` applied; call it like the model.
+
+    Attributes:
+        schedule: the `Schedule` it runs.
+        loss_fn: the loss it was traced with (used by `scheduler.measure`).
+    """
+
+    def __init__(self, gm: fx.GraphModule, schedule: Schedule, model: nn.Module):
+        super().__init__()
+        for name, child in model.named_children():
+            self.add_module(name, child)
+        for name, p in model.named_parameters(recurse=False):
+            self.register_parameter(name, p)
+        for name, b in model.named_buffers(recurse=False):
+            self.register_buffer(name, b, persistent=name not in model._non_persistent_buffers_set)
+        prog = Program(gm)
+        # not registered as submodules: they would add state_dict entries
+        object.__setattr__(self, "_prog", prog)
+        object.__setattr__(self, "_model_type", type(model).__name__)
+        self.schedule = schedule
+        self.loss_fn: Callable[[Any], torch.Tensor] = prog.info.loss_fn
+        self._regions = _plan(prog, schedule)
+
+    def extra_repr(self) -> str:
+        rc = sum(r.recompute for r in self._regions)
+        return f"{self._model_type}, {len(self._regions)} regions, {rc} recomputed"
+
+    def forward(self, *args: Any) -> Any:
+        prog: Program = self._prog
+        env = prog.inputs_env(args)
+        plain = not torch.is_grad_enabled()  # nothing to save: run it as is
+        last = self._last_pos
+        for region in self._regions:
+            if region.recompute and not plain:
+                vals = [env[n] for n in region.inputs]
+                outs = checkpoint(
+                    functools.partial(_run_region, prog, region, _Calls()), *vals,
+                    use_reentrant=False, preserve_rng_state=True,
+                    context_fn=_sac_context(region) if region.save else _noop_context)
+                env.update(zip(region.outputs, outs))
+                end = prog.pos[region.nodes[-1]]
+                for name in region.inputs:
+                    if last.get(name, -1) <= end:
+                        env.pop(name, None)
+            else:
+                for node in region.nodes:
+                    env[node.name] = prog.run_node(node, env)
+                    i = prog.pos[node]
+                    for a in (*node.all_input_nodes, node):
+                        if last.get(a.name, -1) <= i and a.op != "get_attr":
+                            env.pop(a.name, None)
+        return prog.model_output(env)
+
+    @functools.cached_property
+    def _last_pos(self) -> dict[str, int]:
+        """Position of the last model node that reads each value; model outputs: never freed."""
+        prog: Program = self._prog
+        last: dict[str, int] = {}
+        for r in self._regions:
+            for n in r.nodes:
+                for a in n.all_input_nodes:
+                    last[a.name] = prog.pos[n]
+        for leaf in prog.model_out_leaves:
+            if isinstance(leaf, fx.Node):
+                last[leaf.name] = len(prog.nodes)
+        return last
+
+
+class _Calls:
+    """Counts calls of one region's function: the second call is the backward replay."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+def _run_region(prog: Program, region: _Region, calls: _Calls, *vals: Any) -> tuple[Any, ...]:
+    calls.n += 1
+    replay = calls.n > 1
+    saved_bufs = [b.detach().clone() for b in region.buffers] if replay else []
+    try:
+        env = dict(zip(region.inputs, vals))
+        env.update(prog.attrs)
+        keep = set(region.outputs)
+        for i, node in enumerate(region.nodes):
+            region.current[0] = node.name
+            env[node.name] = prog.run_node(node, env)
+            for a in (*node.all_input_nodes, node):
+                if (region.last_read.get(a.name, -1) <= i and a.name not in keep
+                        and a.op != "get_attr"):
+                    env.pop(a.name, None)
+        return tuple(env[n] for n in region.outputs)
+    finally:
+        if replay:
+            with torch.no_grad():
+                for b, s in zip(region.buffers, saved_bufs):
+                    b.copy_(s)
+
+
+def _sac_context(region: _Region) -> Callable[[], Any]:
+    """Selective checkpointing: every op of a save-set node is MUST_SAVE, so the replay runs
+    none of them and gets the outputs forward cached (ops that later mutate a cached tensor in
+    place, as dropout's ``bernoulli_`` does, are cached too, so nothing is applied twice);
+    every other op is recomputed."""
+    current, save = region.current, region.save
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if current[0] in save:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return functools.partial(create_selective_checkpoint_contexts, policy,
+                             allow_cache_entry_mutation=True)
+
+
+def _noop_context() -> tuple[Any, Any]:
+    return contextlib.nullcontext(), contextlib.nullcontext()
+
+
+def _plan(prog: Program, schedule: Schedule) -> list[_Region]:
+    by_name = prog.by_name
+    model_names = [n.name for n in prog.nodes if n.name not in prog.info.loss_nodes]
+    got = [n for r in schedule.regions for n in r.nodes]
+    if got != model_names:
+        diff = next((i for i, (a, b) in enumerate(zip(got, model_names)) if a != b),
+                    min(len(got), len(model_names)))
+        a = got[diff] if diff < len(got) else None
+        b = model_names[diff] if diff < len(model_names) else None
+        raise ScheduleError(
+            f"schedule does not match the traced model: at node {diff} the schedule has {a!r} "
+            f"and the model {b!r}; solve again for this model")
+    readers: dict[str, list[int]] = {}
+    regions = []
+    for r in schedule.regions:
+        nodes = [by_name[n] for n in r.nodes]
+        regions.append(_Region(r.recompute, nodes, prog.pos[nodes[0]], [], [], r.save, []))
+    out_names = {x.name for x in prog.model_out_leaves if isinstance(x, fx.Node)}
+    for ri, r in enumerate(regions):
+        inside = {n.name for n in r.nodes}
+        ins: dict[str, None] = {}
+        for n in r.nodes:
+            for a in n.all_input_nodes:
+                if a.name not in inside and a.op != "get_attr":
+                    ins[a.name] = None
+                    readers.setdefault(a.name, []).append(ri)
+        r.inputs = list(ins)
+    for ri, r in enumerate(regions):
+        r.outputs = [n.name for n in r.nodes
+                     if n.name in out_names or any(x != ri for x in readers.get(n.name, ()))]
+        if r.recompute:
+            r.buffers = _buffers_of(prog, r.nodes)
+            for i, n in enumerate(r.nodes):
+                for a in n.all_input_nodes:
+                    r.last_read[a.name] = i
+    return regions
+
+
+def _buffers_of(prog: Program, nodes: list[fx.Node]) -> list[torch.Tensor]:
+    """Buffers the nodes can mutate: those of called submodules and those read directly."""
+    bufs: dict[int, torch.Tensor] = {}
+    for n in nodes:
+        if n.op == "call_module":
+            for b in prog.gm.get_submodule(n.target).buffers():
+                bufs[id(b)] = b
+        for a in n.all_input_nodes:
+            v = prog.attrs.get(a.name) if a.op == "get_attr" else None
+            if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter):
+                bufs[id(v)] = v
+    return list(bufs.values())

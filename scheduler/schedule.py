@@ -1,0 +1,222 @@
+"""`Schedule`: which parts of forward are replayed in backward, as plain data.
+
+A schedule cuts a graph's compute nodes (`CostGraph.compute_nodes`, in execution order) into
+contiguous regions. A ``keep`` region runs as usual. A ``recompute`` region runs under
+non-reentrant `torch.utils.checkpoint.checkpoint`: forward keeps only its inputs and the
+outputs of the nodes in its ``save`` set (a selective-checkpoint MUST_SAVE policy), and
+backward replays the rest. Semantics are in DESIGN.md; costs are computed by `simulate`.
+
+Schedules are torch-free and saved as versioned JSON carrying the fingerprint of the graph they
+were made for, so that applying one to a different model is caught.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+if TYPE_CHECKING:
+    from .graph import CostGraph
+
+__all__ = ["SCHEMA", "VERSION", "KEEP", "RECOMPUTE", "Region", "Schedule", "ScheduleError"]
+
+SCHEMA = "scheduler.schedule"
+VERSION = 1
+KEEP = "keep"
+RECOMPUTE = "recompute"
+
+
+class ScheduleError(ValueError):
+    """A schedule is malformed or does not match the graph: the message names the node/field."""
+
+
+@dataclass(frozen=True)
+class Region:
+    """A contiguous run of compute nodes with one policy. ``save`` is only for ``recompute``."""
+
+    policy: str
+    nodes: tuple[str, ...]
+    save: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.policy not in (KEEP, RECOMPUTE):
+            raise ScheduleError(
+                f"region policy {self.policy!r} is not one of {KEEP!r}, {RECOMPUTE!r}")
+        if not self.nodes:
+            raise ScheduleError("a region must hold at least one node")
+        if self.save and self.policy != RECOMPUTE:
+            raise ScheduleError(
+                f"region starting at {self.nodes[0]!r} is {self.policy!r} but has a save set; "
+                "only recompute regions have one")
+        stray = sorted(set(self.save) - set(self.nodes))
+        if stray:
+            raise ScheduleError(
+                f"save-set node {stray[0]!r} is not in its region "
+                f"({self.nodes[0]!r} .. {self.nodes[-1]!r})")
+
+    @property
+    def recompute(self) -> bool:
+        return self.policy == RECOMPUTE
+
+
+@dataclass
+class Schedule:
+    """Regions over a graph's compute nodes plus where the schedule came from.
+
+    Build one with `Schedule.from_regions` (validated against the graph) or load one with
+    `Schedule.load`; `validate(graph)` checks that it fits a graph.
+    """
+
+    regions: list[Region]
+    fingerprint: str = ""
+    budget_bytes: int | None = None
+    solver: str = ""
+    status: str = ""
+    gap: float | None = None
+    solve_s: float | None = None
+    estimate: dict[str, Any] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # -- constructors -----------------------------------------------------------------------
+    @classmethod
+    def from_regions(
+        cls,
+        graph: "CostGraph",
+        spans: Iterable[tuple[int, int, str] | tuple[int, int, str, Iterable[str]]],
+        **info: Any,
+    ) -> "Schedule":
+        """Regions from ``(start, stop, policy[, save])`` spans over ``graph.compute_nodes``
+        (indices, ``stop`` exclusive). Validated against ``graph``."""
+        names = graph.compute_nodes
+        regions = []
+        for span in spans:
+            start, stop, policy, *rest = span
+            save = frozenset(rest[0]) if rest else frozenset()
+            regions.append(Region(policy, tuple(names[start:stop]), save))
+        s = cls(regions, fingerprint=graph.fingerprint, **info)
+        s.validate(graph)
+        return s
+
+    @classmethod
+    def none(cls, graph: "CostGraph", **info: Any) -> "Schedule":
+        """No checkpointing: one keep region over every compute node."""
+        return cls.from_regions(graph, [(0, len(graph.compute_nodes), KEEP)],
+                                **{"solver": "none", **info})
+
+    @classmethod
+    def from_cuts(cls, graph: "CostGraph", cuts: Sequence[int], policies: Sequence[str],
+                  saves: Sequence[Iterable[str]] | None = None, **info: Any) -> "Schedule":
+        """Regions between consecutive ``cuts`` (0 < c < n, increasing), one policy each."""
+        n = len(graph.compute_nodes)
+        bounds = [0, *cuts, n]
+        if len(policies) != len(bounds) - 1:
+            raise ScheduleError(f"{len(bounds) - 1} regions but {len(policies)} policies")
+        saves = saves or [()] * len(policies)
+        return cls.from_regions(
+            graph, [(a, b, p, s) for a, b, p, s in zip(bounds, bounds[1:], policies, saves)],
+            **info)
+
+    # -- checks -----------------------------------------------------------------------------
+    def validate(self, graph: "CostGraph") -> None:
+        """Raise `ScheduleError` unless the regions cover ``graph``'s compute nodes exactly once,
+        in order, and the fingerprint (if set) is the graph's."""
+        if self.fingerprint and self.fingerprint != graph.fingerprint:
+            raise ScheduleError(
+                f"schedule was made for a graph with fingerprint {self.fingerprint!r}, but this "
+                f"model's graph has {graph.fingerprint!r}: the model's structure or input shapes "
+                "differ; solve again for this model")
+        expected = graph.compute_nodes
+        got = [n for r in self.regions for n in r.nodes]
+        if got == expected:
+            return
+        pos = {n: i for i, n in enumerate(expected)}
+        seen: set[str] = set()
+        for i, name in enumerate(got):
+            if name not in pos:
+                raise ScheduleError(f"region node {name!r} is not a compute node of the graph")
+            if name in seen:
+                raise ScheduleError(f"node {name!r} appears in more than one region")
+            seen.add(name)
+            if i >= len(expected) or expected[i] != name:
+                missing = expected[i] if i < len(expected) else None
+                raise ScheduleError(
+                    f"regions skip node {missing!r} or put {name!r} out of execution order "
+                    f"(position {i})")
+        raise ScheduleError(f"regions stop early: node {expected[len(got)]!r} is not covered")
+
+    # -- queries ----------------------------------------------------------------------------
+    def policy_of(self) -> dict[str, str]:
+        return {n: r.policy for r in self.regions for n in r.nodes}
+
+    @property
+    def recompute_regions(self) -> list[Region]:
+        return [r for r in self.regions if r.recompute]
+
+    def describe(self) -> str:
+        """One line per region, e.g. ``recompute  blocks.0.fc1 .. blocks.1.add  (12 nodes, save 2)``."""
+        lines = []
+        for r in self.regions:
+            extra = f", save {len(r.save)}" if r.save else ""
+            lines.append(f"{r.policy:<9}  {r.nodes[0]} .. {r.nodes[-1]}  "
+                         f"({len(r.nodes)} nodes{extra})")
+        return "\n".join(lines)
+
+    # -- JSON -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "version": VERSION,
+            "fingerprint": self.fingerprint,
+            "budget_bytes": self.budget_bytes,
+            "solver": self.solver,
+            "status": self.status,
+            "gap": self.gap,
+            "solve_s": self.solve_s,
+            "estimate": self.estimate,
+            "meta": self.meta,
+            "regions": [{"policy": r.policy, "nodes": list(r.nodes), "save": sorted(r.save)}
+                        for r in self.regions],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Schedule":
+        if not isinstance(d, dict):
+            raise ScheduleError(f"expected a JSON object, got {type(d).__name__}")
+        if d.get("schema") != SCHEMA:
+            raise ScheduleError(f"schema: expected {SCHEMA!r}, got {d.get('schema')!r}")
+        if d.get("version") != VERSION:
+            raise ScheduleError(
+                f"version: this scheduler reads schedule version {VERSION}, the file has "
+                f"{d.get('version')!r}; solve again to write a current one")
+        regions_raw = d.get("regions")
+        if not isinstance(regions_raw, list) or not regions_raw:
+            raise ScheduleError("regions: missing or empty")
+        regions = []
+        for i, r in enumerate(regions_raw):
+            if not isinstance(r, dict) or not isinstance(r.get("nodes"), list):
+                raise ScheduleError(f"regions[{i}]: expected {{policy, nodes, save}}")
+            regions.append(Region(r.get("policy"), tuple(r["nodes"]),
+                                  frozenset(r.get("save", ()))))
+        fp = d.get("fingerprint", "")
+        if not isinstance(fp, str):
+            raise ScheduleError(f"fingerprint: expected a string, got {fp!r}")
+        return cls(regions, fingerprint=fp, budget_bytes=d.get("budget_bytes"),
+                   solver=d.get("solver", ""), status=d.get("status", ""), gap=d.get("gap"),
+                   solve_s=d.get("solve_s"), estimate=d.get("estimate"),
+                   meta=d.get("meta") or {})
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Schedule":
+        try:
+            d = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as e:
+            raise ScheduleError(f"{path}: not valid JSON ({e})") from e
+        try:
+            return cls.from_dict(d)
+        except ScheduleError as e:
+            raise ScheduleError(f"{path}: {e}") from e

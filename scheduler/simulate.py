@@ -1,0 +1,269 @@
+"""The cost model: ``simulate(graph, schedule) -> Estimate``, the one source of predictions.
+
+It replays the profiled step the way PyTorch executes it under the schedule:
+
+Forward, node by node: each node's recorded allocations and op-internal frees; then every
+storage whose last forward reader has run is freed unless something holds it:
+
+* a node in a ``keep`` region (or the loss) saved it for backward: held until that node's
+  backward has run;
+* it is an input of a ``recompute`` region (non-reentrant checkpoint keeps the region's inputs):
+  held until the last backward step of that region;
+* it was allocated by a node in its recompute region's save set (selective checkpoint caches
+  every op output of a MUST_SAVE node): held until the region is replayed.
+
+Backward, step by step as recorded (a schedule does not change the order or the gradients):
+the first step of a recompute region that unpacks a saved tensor replays the region's forward
+up to its last node that saves anything (PyTorch stops recomputation early there), allocating a
+new copy of each storage it computes; copies that the region's nodes saved stay alive until
+their backward step, the rest die at their last reader in the replay. Then the step's recorded
+gradient allocations and frees happen, then the saved storages it was the last holder of die.
+
+Peak bytes are the base (parameters, buffers, inputs) plus the largest live total at any
+event. Time is the measured unscheduled step plus the forward time of every replayed node.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .graph import CostGraph
+from .schedule import Schedule
+
+__all__ = ["Estimate", "simulate"]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted cost of one training step under a schedule."""
+
+    peak_bytes: int
+    step_s: float
+    recompute_s: float
+    overhead: float  # recompute_s / unscheduled step time
+    forward_peak_bytes: int
+    # (label, live bytes) after each forward node, recompute and backward step, for plots
+    timeline: tuple[tuple[str, int], ...] = field(default=(), repr=False, compare=False)
+
+    def to_dict(self, *, timeline: bool = False) -> dict[str, Any]:
+        d = asdict(self)
+        if not timeline:
+            d.pop("timeline")
+        else:
+            d["timeline"] = [list(x) for x in self.timeline]
+        return d
+
+
+def simulate(graph: CostGraph, schedule: Schedule) -> Estimate:
+    """Predict peak memory and step time of ``schedule`` on ``graph``.
+
+    Runs in O(storages + events + nodes) time. Raises `ScheduleError` if the schedule does
+    not fit the graph.
+    """
+    schedule.validate(graph)
+    return _Sim(graph, schedule).run()
+
+
+class _Sim:
+    def __init__(self, g: CostGraph, s: Schedule):
+        self.g = g
+        self.pos = {n.name: i for i, n in enumerate(g.nodes)}
+        self.region_of: dict[str, int] = {}
+        self.recompute: dict[int, bool] = {}
+        self.save: dict[int, frozenset[str]] = {}
+        for ri, r in enumerate(s.regions):
+            self.recompute[ri] = r.recompute
+            self.save[ri] = r.save
+            for n in r.nodes:
+                self.region_of[n] = ri
+        self.regions = s.regions
+        steps = g.bwd_steps
+        self.n_steps = len(steps)
+        self.first_step: dict[str, int] = {}
+        self.last_step: dict[str, int] = {}
+        for i, st in enumerate(steps):
+            if st.node:
+                self.first_step.setdefault(st.node, i)
+                self.last_step[st.node] = i
+        self.end_step = self.n_steps - 1
+        # readers of each storage (nodes reading the producer's output or one of its views)
+        users: dict[str, list[str]] = defaultdict(list)
+        for n in g.nodes:
+            for u in n.inputs:
+                users[u].append(n.name)
+        self.users = users
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _is_rc(self, node: str) -> bool:
+        ri = self.region_of.get(node)
+        return ri is not None and self.recompute[ri]
+
+    def _bwd_done(self, node: str) -> int:
+        """Step after which node's saved tensors are released (end if its backward never runs)."""
+        return self.last_step.get(node, self.end_step)
+
+    def _region_nodes(self, ri: int) -> tuple[str, ...]:
+        return self.regions[ri].nodes
+
+    def run(self) -> Estimate:
+        g = self.g
+        nodes = g.nodes
+        # -- per recompute region: saver nodes, replay extent, frame lifetime, burst step ----
+        rinfo: dict[int, dict[str, Any]] = {}
+        for ri, r in enumerate(self.regions):
+            if not r.recompute:
+                continue
+            savers = [n for n in r.nodes if g.node(n).saved]
+            if not savers:
+                rinfo[ri] = {"savers": [], "burst": None, "frame_end": -1, "stop": -1}
+                continue
+            steps = [self.first_step[n] for n in savers if n in self.first_step]
+            burst = min(steps) if steps else None
+            frame_end = max(self._bwd_done(n) for n in savers)
+            rinfo[ri] = {"savers": savers, "burst": burst, "frame_end": frame_end,
+                         "stop": self.pos[savers[-1]]}
+
+        # -- when each forward storage is released -------------------------------------------
+        # hold_until[sid]: backward step after which it dies (-1: dies in forward);
+        # cached_in[sid]: the recompute region whose save set caches it until the replay
+        hold_until: dict[int, int] = {}
+        cached_in: dict[int, int] = {}
+        for sid, st in g.storages.items():
+            h = -1
+            for m in st.savers:
+                if not self._is_rc(m):
+                    h = max(h, self._bwd_done(m))
+            prod_r = self.region_of.get(st.producer)
+            for ri in {self.region_of.get(u) for u in self.readers(st)}:
+                if ri is not None and ri != prod_r and self.recompute[ri]:
+                    h = max(h, rinfo[ri]["frame_end"])
+            if (prod_r is not None and self.recompute[prod_r]
+                    and st.producer in self.save[prod_r] and rinfo[prod_r]["burst"] is not None):
+                cached_in[sid] = prod_r
+            hold_until[sid] = h
+
+        # -- forward ---------------------------------------------------------------------------
+        cur = 0
+        peak = 0
+        timeline: list[tuple[str, int]] = []
+        free_at: dict[int, list[int]] = defaultdict(list)
+        for sid, st in g.storages.items():
+            if hold_until[sid] < 0 and sid not in cached_in and not st.inner_free:
+                free_at[self.pos[st.last_use]].append(sid)
+        for i, n in enumerate(nodes):
+            for kind, sid in g.fwd_events.get(n.name, ()):
+                if kind == "a":
+                    cur += g.storages[sid].bytes
+                    peak = max(peak, cur)
+                elif hold_until[sid] < 0 and sid not in cached_in:
+                    cur -= g.storages[sid].bytes
+            for sid in free_at.get(i, ()):
+                cur -= g.storages[sid].bytes
+            timeline.append((n.name, cur))
+        fwd_peak = peak
+
+        # -- backward --------------------------------------------------------------------------
+        release: dict[int, list[int]] = defaultdict(list)  # step -> bytes freed after it
+        for sid, h in hold_until.items():
+            if h >= 0 and sid not in cached_in:
+                release[h].append(g.storages[sid].bytes)
+        bursts: dict[int, list[int]] = defaultdict(list)
+        for ri, info in rinfo.items():
+            if info["burst"] is not None:
+                bursts[info["burst"]].append(ri)
+        recompute_s = 0.0
+        gid_bytes: dict[int, int] = {}
+        for i, step in enumerate(g.bwd_steps):
+            for ri in bursts.get(i, ()):
+                cur, peak, t = self._replay(ri, rinfo[ri], cur, peak, hold_until, cached_in,
+                                            release)
+                recompute_s += t
+                timeline.append((f"recompute {self._region_nodes(ri)[0]}", cur))
+            for kind, gid, b in step.events:
+                if kind == "a":
+                    gid_bytes[gid] = b
+                    cur += b
+                    peak = max(peak, cur)
+                else:
+                    cur -= gid_bytes.pop(gid, 0)
+            for b in release.pop(i, ()):
+                cur -= b
+            timeline.append((f"bwd {step.node or '<loss>'}", cur))
+
+        base = g.base_bytes
+        unsched = g.measured_step_s
+        return Estimate(
+            peak_bytes=base + peak,
+            step_s=unsched + recompute_s,
+            recompute_s=recompute_s,
+            overhead=recompute_s / unsched if unsched > 0 else 0.0,
+            forward_peak_bytes=base + fwd_peak,
+            timeline=tuple((lbl, base + b) for lbl, b in timeline),
+        )
+
+    def readers(self, st: Any) -> set[str]:
+        """Nodes that read a storage: users of its producer's output or of a view of it."""
+        if not st.output:
+            return set()
+        out = set(self.users.get(st.producer, ()))
+        for v in st.views:
+            out.update(self.users.get(v, ()))
+        return out
+
+    def _replay(self, ri: int, info: dict[str, Any], cur: int, peak: int,
+                hold_until: dict[int, int], cached_in: dict[int, int],
+                release: dict[int, list[int]]) -> tuple[int, int, float]:
+        """Recompute region ``ri`` at its first backward unpack; returns (cur, peak, time)."""
+        g = self.g
+        r = self.regions[ri]
+        stop = info["stop"]
+        members = [n for n in r.nodes if self.pos[n] <= stop]
+        region = set(r.nodes)
+        t = 0.0
+        at_end = 0  # bytes of replayed values alive until the replay ends
+        frees: dict[str, int] = defaultdict(int)
+        last = g.node(members[-1])
+        if not any(sv.source == last.name for sv in last.saved):
+            # it saves only its inputs, which autograd packs before the op runs: the replay
+            # stops there, before the op allocates or takes any time
+            members = members[:-1]
+        for n in members:
+            if n in r.save:
+                continue
+            t += g.node(n).time_s
+            for kind, sid in g.fwd_events.get(n, ()):
+                st = g.storages[sid]
+                held = [m for m in st.savers if m in region]
+                if kind == "f":
+                    if not held:
+                        cur -= st.bytes
+                    continue
+                cur += st.bytes
+                peak = max(peak, cur)
+                if held:
+                    release[max(self._bwd_done(m) for m in held)].append(st.bytes)
+                elif st.inner_free:
+                    pass  # freed by its recorded event
+                else:
+                    readers = self.readers(st)
+                    if readers - region or any(self.pos[u] > stop for u in readers):
+                        at_end += st.bytes  # a region output, or read past the early stop
+                    else:
+                        last = max(readers | {n}, key=self.pos.__getitem__)
+                        frees[last] += st.bytes
+            cur -= frees.pop(n, 0)
+        # cached (save-set) storages: the replay pops them; the region's savers hold them
+        for sid, cri in cached_in.items():
+            if cri != ri:
+                continue
+            st = g.storages[sid]
+            h = max([hold_until[sid]] + [self._bwd_done(m) for m in st.savers if m in region])
+            if h >= 0:
+                release[h].append(st.bytes)
+            else:
+                at_end += st.bytes
+        peak = max(peak, cur)
+        cur -= at_end + sum(frees.values())
+        return cur, peak, t
