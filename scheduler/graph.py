@@ -168,6 +168,11 @@ class CostGraph:
         """Bytes alive throughout the step before anything runs: parameters, buffers, inputs."""
         return self.param_bytes + self.buffer_bytes + self.input_bytes
 
+    def allocates(self, name: str) -> bool:
+        """Whether node ``name`` allocated any storage in forward (views and no-ops do not);
+        only such nodes can be in a save set."""
+        return any(kind == "a" for kind, _ in self.fwd_events.get(name, ()))
+
     def saved_bytes(self) -> int:
         """Bytes of the unique storages autograd saves in the step (parameters included)."""
         seen: dict[Any, int] = {}
@@ -268,9 +273,21 @@ class CostGraph:
             node_fields = {f.name for f in fields(Node)}
             nodes = []
             for i, nd in enumerate(_get(d, "nodes", list)):
+                _expect(f"nodes[{i}]", nd, dict)
                 unknown = set(nd) - node_fields
                 if unknown:
                     raise CostGraphError(f"nodes[{i}]: unknown fields {sorted(unknown)}")
+                for k, v in nd.items():
+                    _expect(f"nodes[{i}].{k}", v, _NODE_TYPES[k])
+                for j, u in enumerate(nd.get("inputs", ())):
+                    _expect(f"nodes[{i}].inputs[{j}]", u, str)
+                for j, s in enumerate(nd.get("saved", ())):
+                    if not (isinstance(s, list) and len(s) == 3):
+                        raise CostGraphError(f"nodes[{i}].saved[{j}]: expected [source, "
+                                             f"storage, bytes], got {s!r:.40}")
+                    _expect(f"nodes[{i}].saved[{j}].source", s[0], str)
+                    _expect(f"nodes[{i}].saved[{j}].storage", s[1], (int, type(None)))
+                    _expect(f"nodes[{i}].saved[{j}].bytes", s[2], int)
                 nodes.append(Node(**{
                     **nd,
                     "inputs": tuple(nd["inputs"]),
@@ -281,6 +298,11 @@ class CostGraph:
                 if len(row) != 8:
                     raise CostGraphError(f"storages[{i}]: expected 8 fields, got {len(row)}")
                 sid, b, prod, out, inner, last, savers, views = row
+                for col, v, typ in (("id", sid, int), ("bytes", b, int), ("producer", prod, str),
+                                    ("output", out, bool), ("inner_free", inner, bool),
+                                    ("last_use", last, str), ("savers", savers, list),
+                                    ("views", views, list)):
+                    _expect(f"storages[{i}].{col}", v, typ)
                 storages[int(sid)] = Storage(int(sid), int(b), prod, bool(out), bool(inner),
                                              last, tuple(savers), tuple(views))
             fwd_events = {k: [(str(e[0]), int(e[1])) for e in v]
@@ -348,9 +370,23 @@ def structure_fingerprint(rows: Iterable[tuple[Any, ...]]) -> str:
 def _get(d: dict[str, Any], key: str, typ: type | tuple[type, ...]) -> Any:
     if key not in d:
         raise CostGraphError(f"{key}: missing")
-    v = d[key]
-    if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
-        want = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
-        raise CostGraphError(f"{key}: expected {want}, got {type(v).__name__} ({v!r:.40})")
+    return _expect(key, d[key], typ)
+
+
+def _expect(where: str, v: Any, typ: type | tuple[type, ...]) -> Any:
+    """``v`` if it is a ``typ`` (a bool is not an int or a float here), else `CostGraphError`
+    naming ``where``."""
+    types = typ if isinstance(typ, tuple) else (typ,)
+    if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+        want = "/".join(t.__name__ for t in types)
+        raise CostGraphError(f"{where}: expected {want}, got {type(v).__name__} ({v!r:.40})")
     return v
+
+
+#: JSON types of the `Node` fields, checked by `CostGraph.from_dict`.
+_NODE_TYPES: dict[str, type | tuple[type, ...]] = {
+    "name": str, "op": str, "target": str, "inputs": list, "module_path": str, "block": str,
+    "is_loss": bool, "time_s": (int, float), "bwd_time_s": (int, float), "out_bytes": int,
+    "saved": list, "shape": str,
+}
 

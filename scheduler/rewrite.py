@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 import torch.nn as nn
+from torch.utils import _python_dispatch
 from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
                                     create_selective_checkpoint_contexts)
 
@@ -131,7 +132,7 @@ class _Calls:
 def _run_region(prog: Program, region: _Region, calls: _Calls, *vals: Any) -> tuple[Any, ...]:
     calls.n += 1
     replay = calls.n > 1
-    saved_bufs = [b.detach().clone() for b in region.buffers] if replay else []
+    saved_bufs = _snapshot(region.buffers) if replay else []
     try:
         env = dict(zip(region.inputs, vals))
         env.update(prog.attrs)
@@ -146,25 +147,49 @@ def _run_region(prog: Program, region: _Region, calls: _Calls, *vals: Any) -> tu
         return tuple(env[n] for n in region.outputs)
     finally:
         if replay:
-            with torch.no_grad():
-                for b, s in zip(region.buffers, saved_bufs):
-                    b.copy_(s)
+            _restore(region.buffers, saved_bufs)
+
+
+def _snapshot(buffers: list[torch.Tensor]) -> list[torch.Tensor]:
+    # outside every dispatch mode: selective checkpointing expects the replay to run exactly
+    # the ops forward ran, and these copies are not part of the model
+    with _python_dispatch._disable_current_modes(), torch.no_grad():
+        return [b.clone() for b in buffers]
+
+
+def _restore(buffers: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
+    with _python_dispatch._disable_current_modes(), torch.no_grad():
+        for b, s in zip(buffers, saved):
+            b.copy_(s)
 
 
 def _sac_context(region: _Region) -> Callable[[], Any]:
-    """Selective checkpointing: every op of a save-set node is MUST_SAVE, so the replay runs
-    none of them and gets the outputs forward cached (ops that later mutate a cached tensor in
-    place, as dropout's ``bernoulli_`` does, are cached too, so nothing is applied twice);
-    every other op is recomputed."""
+    """Selective checkpointing for a region's save set.
+
+    Ops of a save-set node that allocate their outputs are MUST_SAVE (cached in forward, not
+    run by the replay), and so are its in-place ops (dropout's ``bernoulli_`` mutates a tensor
+    it just allocated: replaying it on the cached tensor would apply it twice). Its pure view
+    ops are recomputed: caching a view would pin its base (often the node's input) until the
+    replay, and a view costs nothing to redo. Every op of other nodes is recomputed.
+    """
     current, save = region.current, region.save
 
     def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        if current[0] in save:
+        if current[0] in save and not _is_view(op):
             return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
 
     return functools.partial(create_selective_checkpoint_contexts, policy,
                              allow_cache_entry_mutation=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _is_view(op: Any) -> bool:
+    """Whether an ATen op only returns aliases of its inputs without mutating them."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return False
+    return not schema.is_mutable and any(r.alias_info is not None for r in schema.returns)
 
 
 def _noop_context() -> tuple[Any, Any]:

@@ -129,22 +129,15 @@ class Schedule:
                 "differ; solve again for this model")
         expected = graph.compute_nodes
         got = [n for r in self.regions for n in r.nodes]
-        if got == expected:
-            return
-        pos = {n: i for i, n in enumerate(expected)}
-        seen: set[str] = set()
-        for i, name in enumerate(got):
-            if name not in pos:
-                raise ScheduleError(f"region node {name!r} is not a compute node of the graph")
-            if name in seen:
-                raise ScheduleError(f"node {name!r} appears in more than one region")
-            seen.add(name)
-            if i >= len(expected) or expected[i] != name:
-                missing = expected[i] if i < len(expected) else None
-                raise ScheduleError(
-                    f"regions skip node {missing!r} or put {name!r} out of execution order "
-                    f"(position {i})")
-        raise ScheduleError(f"regions stop early: node {expected[len(got)]!r} is not covered")
+        if got != expected:
+            _raise_coverage(expected, got)
+        for r in self.regions:
+            for name in sorted(r.save):
+                if not graph.allocates(name):
+                    raise ScheduleError(
+                        f"save-set node {name!r} allocates no storage (a view, an alias or a "
+                        "no-op): caching it would pin its base tensor and save no compute; "
+                        "leave it out of the save set")
 
     # -- queries ----------------------------------------------------------------------------
     def policy_of(self) -> dict[str, str]:
@@ -220,3 +213,20 @@ class Schedule:
             return cls.from_dict(d)
         except ScheduleError as e:
             raise ScheduleError(f"{path}: {e}") from e
+
+
+def _raise_coverage(expected: list[str], got: list[str]) -> None:
+    """Name the first node where ``got`` stops following ``expected``."""
+    pos = {n: i for i, n in enumerate(expected)}
+    seen: set[str] = set()
+    for i, name in enumerate(got):
+        if name not in pos:
+            raise ScheduleError(f"region node {name!r} is not a compute node of the graph")
+        if name in seen:
+            raise ScheduleError(f"node {name!r} appears in more than one region")
+        seen.add(name)
+        if i >= len(expected) or expected[i] != name:
+            raise ScheduleError(
+                f"regions skip node {expected[i]!r} or put {name!r} out of execution order "
+                f"(position {i})")
+    raise ScheduleError(f"regions stop early: node {expected[len(got)]!r} is not covered")

@@ -140,8 +140,12 @@ class _Sim:
                 if ri is not None and ri != prod_r and self.recompute[ri]:
                     h = max(h, rinfo[ri]["frame_end"])
             if (prod_r is not None and self.recompute[prod_r]
-                    and st.producer in self.save[prod_r] and rinfo[prod_r]["burst"] is not None):
-                cached_in[sid] = prod_r
+                    and st.producer in self.save[prod_r]):
+                info = rinfo[prod_r]
+                if info["burst"] is not None and self.pos[st.producer] <= info["stop"]:
+                    cached_in[sid] = prod_r  # until the replay pops it
+                else:  # never replayed: the cache lives as long as the region's frame
+                    h = max(h, info["frame_end"])
             hold_until[sid] = h
 
         # -- forward ---------------------------------------------------------------------------
@@ -177,8 +181,7 @@ class _Sim:
         gid_bytes: dict[int, int] = {}
         for i, step in enumerate(g.bwd_steps):
             for ri in bursts.get(i, ()):
-                cur, peak, t = self._replay(ri, rinfo[ri], cur, peak, hold_until, cached_in,
-                                            release)
+                cur, peak, t = self._replay(ri, rinfo[ri], cur, peak, hold_until, release)
                 recompute_s += t
                 timeline.append((f"recompute {self._region_nodes(ri)[0]}", cur))
             for kind, gid, b in step.events:
@@ -213,9 +216,15 @@ class _Sim:
         return out
 
     def _replay(self, ri: int, info: dict[str, Any], cur: int, peak: int,
-                hold_until: dict[int, int], cached_in: dict[int, int],
-                release: dict[int, list[int]]) -> tuple[int, int, float]:
-        """Recompute region ``ri`` at its first backward unpack; returns (cur, peak, time)."""
+                hold_until: dict[int, int], release: dict[int, list[int]]
+                ) -> tuple[int, int, float]:
+        """Recompute region ``ri`` at its first backward unpack; returns (cur, peak, time).
+
+        Non-save nodes allocate new copies; save-set nodes hand over the storages forward
+        cached (no allocation, no time). Either way a value then lives until its holders'
+        backward if the region's nodes saved it, else until its last reader in the replay, or
+        to the end of the replay if it is read only after the region or after the early stop.
+        """
         g = self.g
         r = self.regions[ri]
         stop = info["stop"]
@@ -225,14 +234,14 @@ class _Sim:
         at_end = 0  # bytes of replayed values alive until the replay ends
         frees: dict[str, int] = defaultdict(int)
         last = g.node(members[-1])
-        if not any(sv.source == last.name for sv in last.saved):
+        if last.name not in r.save and not any(sv.source == last.name for sv in last.saved):
             # it saves only its inputs, which autograd packs before the op runs: the replay
             # stops there, before the op allocates or takes any time
             members = members[:-1]
         for n in members:
-            if n in r.save:
-                continue
-            t += g.node(n).time_s
+            cached = n in r.save
+            if not cached:
+                t += g.node(n).time_s
             for kind, sid in g.fwd_events.get(n, ()):
                 st = g.storages[sid]
                 held = [m for m in st.savers if m in region]
@@ -240,10 +249,12 @@ class _Sim:
                     if not held:
                         cur -= st.bytes
                     continue
-                cur += st.bytes
-                peak = max(peak, cur)
-                if held:
-                    release[max(self._bwd_done(m) for m in held)].append(st.bytes)
+                if not cached:
+                    cur += st.bytes
+                    peak = max(peak, cur)
+                if held or (cached and hold_until[sid] >= 0):
+                    h = max([self._bwd_done(m) for m in held] + [hold_until[sid] if cached else -1])
+                    release[h].append(st.bytes)
                 elif st.inner_free:
                     pass  # freed by its recorded event
                 else:
@@ -251,19 +262,9 @@ class _Sim:
                     if readers - region or any(self.pos[u] > stop for u in readers):
                         at_end += st.bytes  # a region output, or read past the early stop
                     else:
-                        last = max(readers | {n}, key=self.pos.__getitem__)
-                        frees[last] += st.bytes
+                        last_reader = max(readers | {n}, key=self.pos.__getitem__)
+                        frees[last_reader] += st.bytes
             cur -= frees.pop(n, 0)
-        # cached (save-set) storages: the replay pops them; the region's savers hold them
-        for sid, cri in cached_in.items():
-            if cri != ri:
-                continue
-            st = g.storages[sid]
-            h = max([hold_until[sid]] + [self._bwd_done(m) for m in st.savers if m in region])
-            if h >= 0:
-                release[h].append(st.bytes)
-            else:
-                at_end += st.bytes
         peak = max(peak, cur)
         cur -= at_end + sum(frees.values())
         return cur, peak, t
