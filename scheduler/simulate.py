@@ -32,7 +32,7 @@ from typing import Any
 from .graph import CostGraph
 from .schedule import Schedule
 
-__all__ = ["Estimate", "simulate"]
+__all__ = ["Estimate", "RegionCost", "region_costs", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -66,9 +66,22 @@ def simulate(graph: CostGraph, schedule: Schedule) -> Estimate:
     return _Sim(graph, schedule).run()
 
 
+def region_costs(graph: CostGraph, schedule: Schedule) -> tuple[Estimate, list["RegionCost"]]:
+    """`simulate`, plus each region's `RegionCost` (the loss is one more region, last).
+
+    Slower than `simulate` by a factor of the number of regions; used by solvers to compose
+    regions on chains.
+    """
+    schedule.validate(graph)
+    sim = _Sim(graph, schedule, per_region=True)
+    est = sim.run()
+    return est, sim.region_costs
+
+
 class _Sim:
-    def __init__(self, g: CostGraph, s: Schedule):
+    def __init__(self, g: CostGraph, s: Schedule, *, per_region: bool = False):
         self.g = g
+        self.per_region = per_region
         self.pos = {n.name: i for i, n in enumerate(g.nodes)}
         self.region_of: dict[str, int] = {}
         self.recompute: dict[int, bool] = {}
@@ -148,57 +161,71 @@ class _Sim:
                     h = max(h, info["frame_end"])
             hold_until[sid] = h
 
+        # -- owners, for per-region accounting: a storage belongs to its producer's region, or
+        # to the first later region that reads it (a region input); the loss is region R
+        R = len(self.regions)
+        phase_of = {n.name: self.region_of.get(n.name, R) for n in nodes}
+        owner: dict[int, int] = {}
+        for sid, st in g.storages.items():
+            later = [phase_of[u] for u in self.readers(st) if phase_of[u] > phase_of[st.producer]]
+            owner[sid] = min(later) if later else phase_of[st.producer]
+        mem = _Mem(R + 1, track=self.per_region)
+
         # -- forward ---------------------------------------------------------------------------
-        cur = 0
-        peak = 0
         timeline: list[tuple[str, int]] = []
         free_at: dict[int, list[int]] = defaultdict(list)
         for sid, st in g.storages.items():
             if hold_until[sid] < 0 and sid not in cached_in and not st.inner_free:
                 free_at[self.pos[st.last_use]].append(sid)
         for i, n in enumerate(nodes):
+            mem.phase = phase_of[n.name]
             for kind, sid in g.fwd_events.get(n.name, ()):
                 if kind == "a":
-                    cur += g.storages[sid].bytes
-                    peak = max(peak, cur)
+                    mem.add(g.storages[sid].bytes, owner[sid])
                 elif hold_until[sid] < 0 and sid not in cached_in:
-                    cur -= g.storages[sid].bytes
+                    mem.add(-g.storages[sid].bytes, owner[sid])
             for sid in free_at.get(i, ()):
-                cur -= g.storages[sid].bytes
-            timeline.append((n.name, cur))
-        fwd_peak = peak
+                mem.add(-g.storages[sid].bytes, owner[sid])
+            timeline.append((n.name, mem.cur))
+        fwd_peak = mem.peak
 
         # -- backward --------------------------------------------------------------------------
-        release: dict[int, list[int]] = defaultdict(list)  # step -> bytes freed after it
+        release: dict[int, list[tuple[int, int]]] = defaultdict(list)  # step -> (bytes, owner)
         for sid, h in hold_until.items():
             if h >= 0 and sid not in cached_in:
-                release[h].append(g.storages[sid].bytes)
+                release[h].append((g.storages[sid].bytes, owner[sid]))
         bursts: dict[int, list[int]] = defaultdict(list)
         for ri, info in rinfo.items():
             if info["burst"] is not None:
                 bursts[info["burst"]].append(ri)
-        recompute_s = 0.0
+        region_s = [0.0] * R
         gid_bytes: dict[int, int] = {}
         for i, step in enumerate(g.bwd_steps):
             for ri in bursts.get(i, ()):
-                cur, peak, t = self._replay(ri, rinfo[ri], cur, peak, hold_until, release)
-                recompute_s += t
-                timeline.append((f"recompute {self._region_nodes(ri)[0]}", cur))
+                mem.phase = ri
+                region_s[ri] = self._replay(ri, rinfo[ri], mem, hold_until, release)
+                timeline.append((f"recompute {self._region_nodes(ri)[0]}", mem.cur))
+            mem.phase = phase_of.get(step.node, R)
             for kind, gid, b in step.events:
                 if kind == "a":
                     gid_bytes[gid] = b
-                    cur += b
-                    peak = max(peak, cur)
+                    mem.add(b, None)
                 else:
-                    cur -= gid_bytes.pop(gid, 0)
-            for b in release.pop(i, ()):
-                cur -= b
-            timeline.append((f"bwd {step.node or '<loss>'}", cur))
+                    mem.add(-gid_bytes.pop(gid, 0), None)
+            for b, o in release.pop(i, ()):
+                mem.add(-b, o)
+            timeline.append((f"bwd {step.node or '<loss>'}", mem.cur))
 
         base = g.base_bytes
         unsched = g.measured_step_s
+        recompute_s = sum(region_s)
+        self.region_costs = [
+            RegionCost(local_peak_bytes=base + mem.local[j], held_bytes=mem.held_lo[j],
+                       recompute_s=region_s[j] if j < R else 0.0,
+                       separable=mem.held_lo[j] == mem.held_hi[j])
+            for j in range(R + 1)] if self.per_region else []
         return Estimate(
-            peak_bytes=base + peak,
+            peak_bytes=base + mem.peak,
             step_s=unsched + recompute_s,
             recompute_s=recompute_s,
             overhead=recompute_s / unsched if unsched > 0 else 0.0,
@@ -215,15 +242,15 @@ class _Sim:
             out.update(self.users.get(v, ()))
         return out
 
-    def _replay(self, ri: int, info: dict[str, Any], cur: int, peak: int,
-                hold_until: dict[int, int], release: dict[int, list[int]]
-                ) -> tuple[int, int, float]:
-        """Recompute region ``ri`` at its first backward unpack; returns (cur, peak, time).
+    def _replay(self, ri: int, info: dict[str, Any], mem: "_Mem",
+                hold_until: dict[int, int], release: dict[int, list[tuple[int, int]]]) -> float:
+        """Recompute region ``ri`` at its first backward unpack; returns its time.
 
         Non-save nodes allocate new copies; save-set nodes hand over the storages forward
         cached (no allocation, no time). Either way a value then lives until its holders'
         backward if the region's nodes saved it, else until its last reader in the replay, or
         to the end of the replay if it is read only after the region or after the early stop.
+        Replayed copies belong to region ``ri``.
         """
         g = self.g
         r = self.regions[ri]
@@ -247,14 +274,13 @@ class _Sim:
                 held = [m for m in st.savers if m in region]
                 if kind == "f":
                     if not held:
-                        cur -= st.bytes
+                        mem.add(-st.bytes, ri)
                     continue
                 if not cached:
-                    cur += st.bytes
-                    peak = max(peak, cur)
+                    mem.add(st.bytes, ri)
                 if held or (cached and hold_until[sid] >= 0):
                     h = max([self._bwd_done(m) for m in held] + [hold_until[sid] if cached else -1])
-                    release[h].append(st.bytes)
+                    release[h].append((st.bytes, ri))
                 elif st.inner_free:
                     pass  # freed by its recorded event
                 else:
@@ -264,7 +290,61 @@ class _Sim:
                     else:
                         last_reader = max(readers | {n}, key=self.pos.__getitem__)
                         frees[last_reader] += st.bytes
-            cur -= frees.pop(n, 0)
-        peak = max(peak, cur)
-        cur -= at_end + sum(frees.values())
-        return cur, peak, t
+            mem.add(-frees.pop(n, 0), ri)
+        mem.add(-(at_end + sum(frees.values())), ri)
+        return t
+
+
+@dataclass(frozen=True)
+class RegionCost:
+    """One region's share of a step, for solvers that compose regions (see `region_costs`).
+
+    ``local_peak_bytes``: the most bytes alive during the region's forward, replay and
+    backward, not counting what earlier regions hold (base bytes included).
+    ``held_bytes``: bytes it holds while later regions run. ``separable``: that amount was
+    the same at every moment of the later regions (true on chains), so that
+    ``peak = max_j (sum(held of earlier regions) + local_peak_j)`` holds exactly.
+    """
+
+    local_peak_bytes: int
+    held_bytes: int
+    recompute_s: float
+    separable: bool
+
+
+class _Mem:
+    """Live bytes and their peak; optionally split by owning region, with each region's local
+    peak and the range of what it holds while later regions run."""
+
+    def __init__(self, n_owners: int, *, track: bool):
+        self.cur = 0
+        self.peak = 0
+        self.phase = 0
+        self.track = track
+        if track:
+            self.own = [0] * n_owners
+            self.local = [0] * n_owners
+            self.held_lo = [0] * n_owners
+            self.held_hi = [0] * n_owners
+            self._seen = [False] * n_owners
+
+    def add(self, b: int, owner: int | None) -> None:
+        self.cur += b
+        if self.cur > self.peak:
+            self.peak = self.cur
+        if not self.track:
+            return
+        if owner is not None:
+            self.own[owner] += b
+        j = self.phase
+        early = sum(self.own[:j])
+        self.local[j] = max(self.local[j], self.cur - early)
+        for k in range(j):
+            v = self.own[k]
+            if not self._seen[k]:
+                self.held_lo[k] = self.held_hi[k] = v
+                self._seen[k] = True
+            elif v < self.held_lo[k]:
+                self.held_lo[k] = v
+            elif v > self.held_hi[k]:
+                self.held_hi[k] = v

@@ -1,0 +1,40 @@
+"""``auto`` (the default): the exact method that applies, checked against every baseline.
+
+It runs ``dp`` (exact over chain schedules), and every baseline, and returns the schedule with
+the least recompute time whose simulated peak fits. Its status is the chosen solver's: a
+``dp`` result keeps OPTIMAL (proven over the space in ``schedule.meta["space"]``); a baseline
+that beats it (its schedule lies outside that space) is FEASIBLE. When nothing fits it reports
+INFEASIBLE with the least peak any of them reaches.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from ..graph import CostGraph
+from .base import INFEASIBLE, SolveResult, get_solver, register
+
+__all__ = ["auto", "BASELINES"]
+
+#: baselines auto also tries, by name
+BASELINES = ("every_block", "sqrt", "uniform:2", "uniform:4", "greedy", "knapsack")
+
+
+@register("auto")
+def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
+         ) -> SolveResult:
+    """Best of ``dp`` and the baselines under the budget (see the module docstring)."""
+    started = time.perf_counter()
+    results = [get_solver("dp")(graph, budget_bytes, time_limit_s=time_limit_s)]
+    results += [get_solver(name)(graph, budget_bytes, time_limit_s=time_limit_s)
+                for name in BASELINES]
+    fitting = [r for r in results if r.status != INFEASIBLE]
+    if fitting:
+        # ties go to the earlier entry, so dp wins a tie with a baseline
+        best = min(fitting, key=lambda r: r.estimate.recompute_s)  # type: ignore[union-attr]
+        return replace(best, solve_s=time.perf_counter() - started)
+    peaks = [r.min_feasible_bytes for r in results if r.min_feasible_bytes is not None]
+    peaks += [r.estimate.peak_bytes for r in results if r.estimate is not None]
+    return replace(results[0], solve_s=time.perf_counter() - started,
+                   min_feasible_bytes=min(peaks) if peaks else None)

@@ -1,0 +1,134 @@
+"""The solver contract: one signature, one result type, a registry by name.
+
+Every solver is a function ``(graph, budget_bytes, *, time_limit_s=None) -> SolveResult``.
+Its result carries the `Schedule`, the `Estimate` that `simulate` gives for it (never the
+solver's own arithmetic), and a status:
+
+* ``OPTIMAL``: the least recompute time over the solver's whole schedule space, proven;
+* ``FEASIBLE``: fits the budget, optimality not proven (``gap`` says how far it may be);
+* ``INFEASIBLE``: nothing the solver considers fits. A baseline still returns its schedule and
+  estimate so the caller sees by how much it misses; an optimizing solver returns
+  ``schedule=None``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Protocol
+
+from ..graph import CostGraph
+from ..schedule import Schedule
+from ..simulate import Estimate, simulate
+
+__all__ = ["OPTIMAL", "FEASIBLE", "INFEASIBLE", "SolveResult", "Solver", "register",
+           "get_solver", "available", "UnknownSolverError", "finish"]
+
+OPTIMAL = "OPTIMAL"
+FEASIBLE = "FEASIBLE"
+INFEASIBLE = "INFEASIBLE"
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    """What a solver returns. ``estimate == simulate(graph, schedule)`` whenever there is a
+    schedule. ``lower_bound_s`` is a proven lower bound on the optimal recompute time, where the
+    solver has one; ``gap`` is ``(recompute_s - lower_bound_s) / max(recompute_s, tiny)``."""
+
+    solver: str
+    status: str
+    budget_bytes: int
+    schedule: Schedule | None
+    estimate: Estimate | None
+    solve_s: float
+    lower_bound_s: float | None = None
+    gap: float | None = None
+    # with INFEASIBLE: the smallest budget at which this solver's space has a schedule
+    min_feasible_bytes: int | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.estimate is not None and self.estimate.peak_bytes <= self.budget_bytes
+
+
+class Solver(Protocol):
+    def __call__(self, graph: CostGraph, budget_bytes: int, *,
+                 time_limit_s: float | None = None) -> SolveResult: ...
+
+
+class UnknownSolverError(ValueError):
+    """An unknown solver name; the message lists the valid ones."""
+
+
+_REGISTRY: dict[str, Callable[..., SolveResult]] = {}
+_PARAMETRIC: dict[str, Callable[[str], Callable[..., SolveResult]]] = {}
+
+
+def register(name: str, *, parametric: bool = False) -> Callable:
+    """Decorator: register a solver under ``name``. A parametric entry (``uniform``) is a
+    factory taking the text after the colon (``uniform:4``) and returning the solver."""
+
+    def deco(fn: Callable) -> Callable:
+        (_PARAMETRIC if parametric else _REGISTRY)[name] = fn
+        return fn
+
+    return deco
+
+
+def available() -> list[str]:
+    """Registered solver names (parametric ones shown as ``name:K``)."""
+    _load_all()
+    return sorted(_REGISTRY) + sorted(f"{k}:K" for k in _PARAMETRIC)
+
+
+def get_solver(name: str) -> Callable[..., SolveResult]:
+    """The solver called ``name`` (``"dp"``, ``"cpsat"``, ``"uniform:4"``, ...).
+
+    Raises:
+        UnknownSolverError: listing the valid names.
+    """
+    _load_all()
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    m = re.fullmatch(r"([a-z_]+):(.+)", name)
+    if m and m.group(1) in _PARAMETRIC:
+        return _PARAMETRIC[m.group(1)](m.group(2))
+    raise UnknownSolverError(
+        f"unknown solver {name!r}; valid solvers: {', '.join(available())}")
+
+
+def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, solver: str,
+           started: float, status: str | None = None, lower_bound_s: float | None = None,
+           min_feasible_bytes: int | None = None) -> SolveResult:
+    """Build a `SolveResult`: simulate the schedule, decide FEASIBLE/INFEASIBLE from the
+    simulated peak unless ``status`` is given (OPTIMAL must be claimed by the solver), compute
+    the gap, and stamp the schedule with the solver's name, status and budget."""
+    est = simulate(graph, schedule) if schedule is not None else None
+    if status is None:
+        status = FEASIBLE if est is not None and est.peak_bytes <= budget_bytes else INFEASIBLE
+    if status != INFEASIBLE and (est is None or est.peak_bytes > budget_bytes):
+        raise AssertionError(
+            f"solver {solver!r} claimed {status} but its schedule's simulated peak "
+            f"{None if est is None else est.peak_bytes} exceeds the budget {budget_bytes}")
+    gap = None
+    if est is not None and lower_bound_s is not None and status != INFEASIBLE:
+        gap = max(0.0, est.recompute_s - lower_bound_s) / max(est.recompute_s, 1e-12)
+        if status == OPTIMAL:
+            gap = 0.0
+    solve_s = time.perf_counter() - started
+    if schedule is not None:
+        schedule = replace(schedule, solver=solver, status=status, budget_bytes=budget_bytes,
+                           gap=gap, solve_s=solve_s,
+                           estimate=est.to_dict() if est is not None else None)
+    return SolveResult(solver=solver, status=status, budget_bytes=budget_bytes,
+                       schedule=schedule, estimate=est, solve_s=solve_s,
+                       lower_bound_s=lower_bound_s, gap=gap,
+                       min_feasible_bytes=min_feasible_bytes if status == INFEASIBLE else None)
+
+
+def _load_all() -> None:
+    # importing the families registers them
+    from . import heuristics  # noqa: F401
+    from . import dp  # noqa: F401
+    from . import auto  # noqa: F401

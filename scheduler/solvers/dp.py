@@ -1,0 +1,209 @@
+"""``dp``: exact dynamic programming over chain schedules.
+
+**Space.** Regions start and end at *chain cuts*: positions between two compute nodes that at
+most one activation crosses (no other forward storage is read or saved on both sides). Each
+region is ``keep`` or ``recompute`` (no save sets). `chain_cuts` lists the cuts; when there are
+more than ``max_cuts``, only cuts at block boundaries are kept (the space shrinks, and
+results say so in ``schedule.meta["space"]``).
+
+**Why it is exact.** On such a chain the simulator's peak decomposes over regions:
+``peak = max_j (H_<j + L_j)`` where ``L_j`` is region j's local peak (its forward, replay and
+backward, base included) and ``H_<j`` the bytes earlier regions hold meanwhile (`RegionCost`).
+Both depend only on the region's span, its policy and the previous region's policy (which
+decides whether the activation entering it is held). They are measured by running the
+simulator itself on small schedules, so the DP composes the simulator's own numbers. The DP
+keeps, for every cut and last policy, the Pareto front of (bytes held, recompute time) over
+feasible prefixes: integers, no rounding, so a schedule it accepts fits. Each result is
+simulated again; it is claimed OPTIMAL only when that simulation agrees with the composed
+peak and every region used was separable.
+
+Running time: O(C^2) simulations to build the region table (cached per graph), then
+O(C^2 * F) per budget, F the Pareto front size.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from ..graph import CostGraph
+from ..schedule import KEEP, RECOMPUTE, Schedule
+from ..simulate import region_costs
+from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, register
+
+__all__ = ["chain_cuts", "dp", "RegionTable"]
+
+POLICIES = (KEEP, RECOMPUTE)
+
+
+def chain_cuts(graph: CostGraph) -> list[int]:
+    """Positions c (0 < c < n over ``graph.compute_nodes``) that at most one forward storage
+    crosses: produced before c and read or saved at or after c. O(storages + nodes)."""
+    names = graph.compute_nodes
+    n = len(names)
+    idx = {name: i for i, name in enumerate(names)}
+    users: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        for u in node.inputs:
+            users.setdefault(u, []).append(node.name)
+    crossing = [0] * (n + 2)
+    for st in graph.storages.values():
+        p = idx.get(st.producer, n)
+        readers = set(st.savers)
+        if st.output:
+            for v in (st.producer, *st.views):
+                readers.update(users.get(v, ()))
+        last = max((idx.get(r, n) for r in readers), default=p)
+        if last > p:  # crosses every cut c with p < c <= last
+            crossing[p + 1] += 1
+            crossing[min(last, n) + 1] -= 1
+    cuts, running = [], 0
+    for c in range(1, n + 1):
+        running += crossing[c]
+        if c < n and running <= 1:
+            cuts.append(c)
+    return cuts
+
+
+@dataclass(frozen=True)
+class _Entry:
+    local: int  # local peak bytes of the region
+    held: int  # bytes held while later regions run
+    time_s: float
+    tail_local: int  # local peak of the loss region when this region is the last
+    exact: bool
+
+
+class RegionTable:
+    """`RegionCost` of every region span between cuts, for both policies and both policies of
+    the region before it, measured with the simulator."""
+
+    def __init__(self, graph: CostGraph, cuts: list[int]):
+        self.graph = graph
+        self.points = [0, *cuts, len(graph.compute_nodes)]
+        self.entries: dict[tuple[int, int, str, str | None], _Entry] = {}
+        pts = self.points
+        for a in range(len(pts) - 1):
+            for b in range(a + 1, len(pts)):
+                for p in POLICIES:
+                    for q in ((None,) if a == 0 else POLICIES):
+                        self.entries[a, b, p, q] = self._measure(pts[a], pts[b], p, q)
+
+    def _measure(self, start: int, stop: int, p: str, q: str | None) -> _Entry:
+        n = len(self.graph.compute_nodes)
+        spans = []
+        if start > 0:
+            spans.append((0, start, q))
+        spans.append((start, stop, p))
+        if stop < n:
+            spans.append((stop, n, KEEP))
+        _, costs = region_costs(self.graph, Schedule.from_regions(self.graph, spans))
+        j = 1 if start > 0 else 0
+        c = costs[j]
+        return _Entry(c.local_peak_bytes, c.held_bytes, c.recompute_s,
+                      costs[-1].local_peak_bytes,
+                      c.separable and all(x.separable for x in costs[:j]))
+
+
+def table_for(graph: CostGraph, *, max_cuts: int = 40) -> tuple[RegionTable, str]:
+    """The region table of ``graph`` (cached on the graph object) and a description of the
+    space it spans."""
+    cache = graph.__dict__.setdefault("_dp_tables", {})
+    if max_cuts not in cache:
+        cuts = chain_cuts(graph)
+        space = "chain cuts"
+        if len(cuts) > max_cuts:
+            blocks = [n.block for n in graph.nodes if not n.is_loss]
+            cuts = [c for c in cuts if blocks[c] != blocks[c - 1]]
+            space = "chain cuts at block boundaries"
+        cache[max_cuts] = (RegionTable(graph, cuts), space)
+    return cache[max_cuts]
+
+
+def _search(table: RegionTable, budget: int) -> tuple[float, list[tuple[int, int, str]], int,
+                                                        bool] | None:
+    """Least recompute time under ``budget``: (time, spans, composed peak, exact) or None."""
+    pts = table.points
+    last = len(pts) - 1
+    # front[(a, q)]: Pareto list of (held, time, peak, exact, spans) over feasible prefixes
+    front: dict[tuple[int, str | None], list[tuple[int, float, int, bool, tuple]]] = {
+        (0, None): [(0, 0.0, 0, True, ())]}
+    best = None
+    for a in range(last):
+        for q in ((None,) if a == 0 else POLICIES):
+            for held, t, peak, exact, spans in front.get((a, q), ()):
+                for b in range(a + 1, last + 1):
+                    for p in POLICIES:
+                        e = table.entries[a, b, p, q]
+                        pk = max(peak, held + e.local)
+                        if pk > budget:
+                            continue
+                        nh, nt = held + e.held, t + e.time_s
+                        ns = spans + ((pts[a], pts[b], p),)
+                        ex = exact and e.exact
+                        if b == last:
+                            pk = max(pk, nh + e.tail_local)
+                            if pk <= budget and (best is None or nt < best[0]):
+                                best = (nt, list(ns), pk, ex)
+                        else:
+                            _insert(front.setdefault((b, p), []), (nh, nt, pk, ex, ns))
+    return best
+
+
+def _insert(front: list, item: tuple) -> None:
+    """Add ``item`` to a Pareto front on (held, time), dropping what it dominates."""
+    h, t = item[0], item[1]
+    for x in front:
+        if x[0] <= h and x[1] <= t:
+            return
+    front[:] = [x for x in front if not (h <= x[0] and t <= x[1])]
+    front.append(item)
+
+
+def _spans_merged(spans: list[tuple[int, int, str]]) -> Iterator[tuple[int, int, str]]:
+    """Adjacent keep regions are one keep region."""
+    out: list[list] = []
+    for a, b, p in spans:
+        if out and p == KEEP and out[-1][2] == KEEP:
+            out[-1][1] = b
+        else:
+            out.append([a, b, p])
+    return (tuple(x) for x in out)
+
+
+def min_feasible_bytes(table: RegionTable) -> int:
+    """The least peak any schedule in the table's space reaches (binary search on the DP)."""
+    lo, hi = 0, max(e.local + e.held + e.tail_local for e in table.entries.values()) * 2 + 1
+    while _search(table, hi) is None:
+        hi *= 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _search(table, mid) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@register("dp")
+def dp(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None,
+       max_cuts: int = 40) -> SolveResult:
+    """Exact DP over chain schedules (see the module docstring). ``time_limit_s`` is not
+    needed: the search is polynomial."""
+    started = time.perf_counter()
+    table, space = table_for(graph, max_cuts=max_cuts)
+    found = _search(table, budget_bytes)
+    if found is None:
+        return finish(graph, budget_bytes, None, solver="dp", started=started,
+                      status=INFEASIBLE, min_feasible_bytes=min_feasible_bytes(table))
+    t, spans, composed_peak, exact = found
+    schedule = Schedule.from_regions(graph, list(_spans_merged(spans)),
+                                     meta={"space": space})
+    result = finish(graph, budget_bytes, schedule, solver="dp", started=started)
+    proven = exact and result.estimate is not None and \
+        result.estimate.peak_bytes == composed_peak
+    if proven:
+        result = finish(graph, budget_bytes, schedule, solver="dp", started=started,
+                        status=OPTIMAL, lower_bound_s=t)
+    return result
