@@ -32,7 +32,7 @@ from typing import Any
 from .graph import CostGraph
 from .schedule import Schedule
 
-__all__ = ["Estimate", "RegionCost", "region_costs", "simulate"]
+__all__ = ["Estimate", "RegionCost", "region_costs", "replay_peak", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,24 @@ def simulate(graph: CostGraph, schedule: Schedule) -> Estimate:
     """
     schedule.validate(graph)
     return _Sim(graph, schedule).run()
+
+
+def replay_peak(graph: CostGraph, schedule: Schedule, region: int
+                ) -> tuple[int | None, int, dict[int, int]]:
+    """For recompute region ``region``: the backward step at which it is replayed (None if
+    never), the most bytes its replay adds on top of what was alive before it, and the bytes
+    of replayed copies it leaves alive, by the step after which they are freed."""
+    sim = _Sim(graph, schedule)
+    r = schedule.regions[region]
+    savers = [n for n in r.nodes if graph.node(n).saved]
+    steps = [sim.first_step[n] for n in savers if n in sim.first_step]
+    if not r.recompute or not steps:
+        return None, 0, {}
+    info = {"stop": sim.pos[savers[-1]]}
+    mem = _Mem(1, track=False)
+    release: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    sim._replay(region, info, mem, defaultdict(lambda: -1), release)
+    return min(steps), mem.peak, {k: sum(b for b, _ in v) for k, v in release.items()}
 
 
 def region_costs(graph: CostGraph, schedule: Schedule) -> tuple[Estimate, list["RegionCost"]]:
