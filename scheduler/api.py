@@ -1,19 +1,116 @@
-"""The public entry points that tie the pipeline together: `apply` (and, later, `solve`)."""
+"""The public entry points that tie the pipeline together: `solve`, `solve_graph`, `apply`.
+
+``solve`` traces and profiles a model once, solves for a schedule under a budget and rewrites
+the model into a `Plan`; ``solve_graph`` is the torch-free middle step on a `CostGraph`;
+``apply`` re-applies a saved schedule without solving.
+"""
 
 from __future__ import annotations
 
+import math
+import numbers
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn as nn
 
-from .profile import traced_fingerprint
+from .graph import CostGraph
+from .profile import profile_traced, traced_fingerprint
 from .rewrite import CheckpointedModule, rewrite
 from .schedule import Schedule, ScheduleError
+from .simulate import Estimate, simulate
+from .solvers.base import INFEASIBLE, SolveResult, get_solver
 from .trace import _as_tuple, trace
+from .units import format_bytes, format_seconds, parse_bytes
 
-__all__ = ["apply"]
+__all__ = ["apply", "solve", "solve_graph", "parse_budget", "Plan", "InfeasibleBudgetError",
+           "BUDGET_FORMS"]
+
+#: The budget forms `parse_budget` accepts, for error messages.
+BUDGET_FORMS = (
+    "a number of bytes (an int such as 6442450944, or a string with a unit: '6GiB', '512MB', "
+    "'1.5e9'), or a fraction of the unconstrained predicted peak (a float in (0, 1] such as "
+    "0.6, or a percentage string such as '60%')"
+)
+
+#: Baselines whose schedules bound the smallest feasible budget when a solver does not say it.
+_BASELINES = ("none", "every_block", "sqrt", "greedy", "knapsack")
+
+
+class InfeasibleBudgetError(ValueError):
+    """No schedule the solver considers fits the budget.
+
+    Attributes:
+        budget_bytes: the budget asked for, in bytes.
+        min_feasible_bytes: the smallest budget known to be feasible: exact where the solver
+            proves it (``dp``, ``cpsat``), else the least predicted peak of any schedule tried.
+    """
+
+    def __init__(self, message: str, *, budget_bytes: int, min_feasible_bytes: int) -> None:
+        super().__init__(message)
+        self.budget_bytes = budget_bytes
+        self.min_feasible_bytes = min_feasible_bytes
+
+
+@dataclass(eq=False, repr=False)
+class Plan:
+    """What `solve` returns: the checkpointed module and everything that explains it.
+
+    Attributes:
+        module: the drop-in checkpointed model (shares the original's parameters).
+        schedule: the `Schedule` it runs (with solver, status, budget and estimate stamped).
+        estimate: `simulate`'s prediction for the schedule.
+        status: ``OPTIMAL`` or ``FEASIBLE``.
+        gap: proven relative optimality gap, or None where the solver has no bound.
+        solve_s: seconds the solver ran.
+        graph: the profiled `CostGraph`.
+        result: the solver's full `SolveResult`.
+        budget_bytes: the budget asked for, in bytes (``result.budget_bytes`` is what the
+            solver got, after any headroom).
+        unconstrained_peak_bytes: the predicted peak without checkpointing.
+    """
+
+    module: CheckpointedModule
+    schedule: Schedule
+    estimate: Estimate
+    status: str
+    gap: float | None
+    solve_s: float
+    graph: CostGraph
+    result: SolveResult
+    budget_bytes: int
+    unconstrained_peak_bytes: int = field(default=0)
+
+    def save(self, path: str | Path) -> None:
+        """Write the schedule as JSON, to re-apply later with `scheduler.apply`."""
+        self.schedule.save(path)
+
+    def summary(self) -> str:
+        """A few lines: status, budget, predicted peak, recompute time, regions."""
+        e = self.estimate
+        gap = "n/a" if self.gap is None else f"{self.gap:.1%}"
+        unconstrained = (f" (unscheduled {format_bytes(self.unconstrained_peak_bytes)})"
+                         if self.unconstrained_peak_bytes else "")
+        rc = len(self.schedule.recompute_regions)
+        return "\n".join([
+            f"{self.result.solver}: {self.status}, gap {gap}, solved in "
+            f"{format_seconds(self.solve_s)}",
+            f"  budget          {format_bytes(self.budget_bytes)}",
+            f"  predicted peak  {format_bytes(e.peak_bytes)}{unconstrained}",
+            f"  recompute       {format_seconds(e.recompute_s)} "
+            f"(+{e.overhead:.1%} of the step, {format_seconds(e.step_s)} in all)",
+            f"  regions         {len(self.schedule.regions)} ({rc} recomputed)",
+        ])
+
+    def __repr__(self) -> str:
+        return (f"Plan({self.result.solver} {self.status}: peak "
+                f"{format_bytes(self.estimate.peak_bytes)} <= budget "
+                f"{format_bytes(self.budget_bytes)}, recompute "
+                f"{format_seconds(self.estimate.recompute_s)} (+{self.estimate.overhead:.1%}), "
+                f"{len(self.schedule.recompute_regions)}/{len(self.schedule.regions)} regions "
+                "recomputed)")
 
 
 def apply(model: nn.Module, schedule: Schedule | str | Path, example_inputs: Sequence[Any], *,
@@ -44,3 +141,204 @@ def apply(model: nn.Module, schedule: Schedule | str | Path, example_inputs: Seq
                 f"{[tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor)]} traces to "
                 f"{fp!r}: the model's structure or input shapes differ; solve again for it")
     return rewrite(gm, schedule, model)
+
+
+def parse_budget(budget: int | float | str, unconstrained_peak_bytes: int) -> int:
+    """A memory budget in bytes, from any of the forms users write.
+
+    Args:
+        budget: an ``int`` of bytes; a ``float`` in (0, 1] or a string ``"60%"`` for a fraction
+            of ``unconstrained_peak_bytes``; a string with a unit (``"6GiB"``, ``"512MB"``),
+            see `units.parse_bytes`. A unitless number is bytes when above 1 (``1.5e9``,
+            ``"1.5e9"``) and a fraction when in (0, 1] (``0.6``, ``"0.6"``).
+        unconstrained_peak_bytes: the predicted peak with no checkpointing, which fractions
+            refer to.
+
+    Returns:
+        The budget in bytes (fractions rounded down), at least 1.
+
+    Raises:
+        ValueError: zero, negative, NaN or infinite values, fractions above 100%, garbage;
+            the message names the value and the accepted forms.
+
+    Example:
+        >>> parse_budget("50%", 1000), parse_budget(0.25, 1000), parse_budget("1KiB", 1000)
+        (500, 250, 1024)
+    """
+    kind, value = _budget_spec(budget)
+    if kind == "bytes":
+        return int(value)
+    n = int(value * unconstrained_peak_bytes)
+    if n < 1:
+        raise ValueError(f"bad budget {budget!r}: {value:g} of the unconstrained peak "
+                         f"({unconstrained_peak_bytes} bytes) is less than one byte")
+    return n
+
+
+def _budget_spec(budget: Any) -> tuple[str, float | int]:
+    """``("bytes", n)`` or ``("fraction", f)``; checks the form without needing a graph, so
+    callers can reject a bad budget before minutes of profiling."""
+    def bad(why: str = "") -> ValueError:
+        return ValueError(f"bad budget {budget!r}{': ' + why if why else ''}; expected "
+                          f"{BUDGET_FORMS}")
+
+    if isinstance(budget, bool):
+        raise bad("a bool is not a budget")
+    if isinstance(budget, numbers.Integral):
+        if budget < 1:
+            raise bad("it must be positive")
+        return "bytes", int(budget)
+    if isinstance(budget, numbers.Real):
+        value = float(budget)
+        if not math.isfinite(value) or value <= 0:
+            raise bad("it must be a positive finite number")
+        return ("fraction", value) if value <= 1 else ("bytes", round(value))
+    if not isinstance(budget, str):
+        raise bad(f"a {type(budget).__name__} is not a budget")
+    text = budget.strip()
+    if text.endswith("%"):
+        try:
+            pct = float(text[:-1])
+        except ValueError:
+            raise bad() from None
+        if not (math.isfinite(pct) and 0 < pct <= 100):
+            raise bad("a percentage must be in (0%, 100%]")
+        return "fraction", pct / 100
+    try:
+        value = float(text)
+    except ValueError:
+        value = None  # a unit, or garbage: parse_bytes decides
+    if value is not None:
+        if not math.isfinite(value) or value <= 0:
+            raise bad("it must be a positive finite number")
+        if value <= 1:
+            return "fraction", value
+    try:
+        return "bytes", parse_bytes(text)
+    except ValueError:
+        raise bad() from None
+
+
+def solve_graph(graph: CostGraph, budget: int | float | str, *, solver: str = "auto",
+                time_limit_s: float | None = 30.0, headroom: float = 0.0) -> SolveResult:
+    """Solve a profiled graph for the schedule with the least recompute time within a budget.
+
+    Args:
+        graph: the profiled `CostGraph`.
+        budget: see `parse_budget`; fractions refer to ``simulate(graph, Schedule.none(graph))``.
+        solver: a registered solver name (`scheduler.solvers.available`), e.g. ``"auto"``,
+            ``"dp"``, ``"greedy"``, ``"uniform:4"``.
+        time_limit_s: passed to the solver (the baselines ignore it).
+        headroom: fraction of the budget held back for error in the cost model: the solver gets
+            ``budget * (1 - headroom)``. In [0, 1).
+
+    Returns:
+        The solver's `SolveResult`, ``OPTIMAL`` or ``FEASIBLE``; its ``budget_bytes`` is the
+        budget after headroom.
+
+    Raises:
+        InfeasibleBudgetError: the solver found nothing that fits; the message names the
+            smallest feasible budget.
+        UnknownSolverError: ``solver`` is not registered (the message lists valid names).
+        ValueError: a bad budget or headroom.
+    """
+    if not (isinstance(headroom, numbers.Real) and 0 <= headroom < 1):
+        raise ValueError(f"headroom must be a fraction in [0, 1), got {headroom!r}")
+    solve_fn = get_solver(solver)
+    unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
+    budget_bytes = parse_budget(budget, unconstrained)
+    target = int(budget_bytes * (1 - headroom))
+    result = solve_fn(graph, target, time_limit_s=time_limit_s)
+    if result.status == INFEASIBLE:
+        raise _infeasible(graph, solver, result, budget_bytes, headroom)
+    return result
+
+
+def _infeasible(graph: CostGraph, solver: str, result: SolveResult, budget_bytes: int,
+                headroom: float) -> InfeasibleBudgetError:
+    """The error for an INFEASIBLE result, naming the smallest budget known to fit."""
+    if result.min_feasible_bytes is not None:
+        # the exact solvers (dp, cpsat) give the exact minimum over their schedule space
+        min_peak, by, exact = result.min_feasible_bytes, solver, True
+    else:
+        # otherwise the least predicted peak of every schedule at hand bounds it from above
+        peaks = {name: get_solver(name)(graph, result.budget_bytes).estimate.peak_bytes
+                 for name in _BASELINES}
+        if result.estimate is not None:
+            peaks[solver] = result.estimate.peak_bytes
+        by = min(peaks, key=lambda name: (peaks[name], name != solver))
+        min_peak, exact = peaks[by], False
+    # in the user's terms: the budget that leaves min_peak after the headroom
+    need = math.ceil(min_peak / (1 - headroom))
+    while int(need * (1 - headroom)) < min_peak:  # float rounding
+        need += 1
+    asked = f"{format_bytes(budget_bytes)} ({budget_bytes} bytes)"
+    smallest = f"{format_bytes(need)} ({need} bytes)"
+    if need <= budget_bytes:
+        message = (f"solver {solver!r} found no schedule within the budget {asked}, but the "
+                   f"{by!r} baseline's fits it (predicted peak {format_bytes(min_peak)}); "
+                   f"use solver={by!r} or an exact solver ('auto')")
+    elif exact:
+        message = (f"budget {asked} is infeasible: the smallest feasible budget is {smallest}; "
+                   f"use budget={need} or more")
+    else:
+        message = (f"budget {asked} is infeasible for solver {solver!r}: the smallest budget "
+                   f"any schedule tried fits is {smallest} ({by!r}); use budget={need} or more, "
+                   "or an exact solver ('auto'), which finds the true minimum")
+    if headroom:
+        message += f" (with headroom {headroom:.0%})"
+    return InfeasibleBudgetError(message, budget_bytes=budget_bytes, min_feasible_bytes=need)
+
+
+def solve(model: nn.Module, example_inputs: Sequence[Any], *, budget: int | float | str,
+          loss_fn: Callable[[Any], torch.Tensor] | None = None, solver: str = "auto",
+          time_limit_s: float | None = 30.0, headroom: float = 0.0, repeats: int = 3,
+          progress: Callable[[str], None] | None = None) -> Plan:
+    """Find the checkpointing schedule with the least recompute time whose predicted peak
+    memory fits ``budget``, and apply it.
+
+    Traces the model once, profiles one training step (``repeats`` timed repeats), solves
+    (`solve_graph`) and rewrites the model (`rewrite`). The model is not modified.
+
+    Args:
+        model: the model.
+        example_inputs: positional inputs with the shapes to plan for.
+        budget: peak bytes of one forward + backward step, see `parse_budget`: ``"6GiB"``,
+            ``6 * 2**30``, ``0.6`` or ``"60%"`` of the unconstrained predicted peak.
+        loss_fn: ``loss_fn(output) -> scalar``; default `trace.default_loss_recipe`.
+        solver: a registered solver name; ``"auto"`` picks the exact one for the graph.
+        time_limit_s: the solver's time limit.
+        headroom: fraction of the budget held back for cost-model error (see `solve_graph`).
+        repeats: timed profile steps (medians are kept).
+        progress: called with a short message as each phase starts.
+
+    Returns:
+        A `Plan`: ``plan.module``, ``plan.estimate``, ``plan.status``, ``plan.save(path)``.
+
+    Raises:
+        InfeasibleBudgetError: nothing fits; the message names the smallest feasible budget.
+        TraceError: the model cannot be traced.
+        ValueError: a bad budget (checked before profiling), solver name or headroom.
+
+    Example:
+        >>> plan = scheduler.solve(model, (x,), budget="60%", solver="greedy")  # doctest: +SKIP
+        >>> loss = plan.module(x).sum(); loss.backward()  # doctest: +SKIP
+    """
+    _budget_spec(budget)  # fail now, not after profiling
+    get_solver(solver)
+    say = progress or (lambda _msg: None)
+    inputs = _as_tuple(example_inputs)
+    say("tracing")
+    gm = trace(model, inputs, loss_fn=loss_fn)
+    graph = profile_traced(gm, model, inputs, repeats=repeats, name=type(model).__name__,
+                           progress=say)
+    say(f"solving with {solver}")
+    result = solve_graph(graph, budget, solver=solver, time_limit_s=time_limit_s,
+                         headroom=headroom)
+    assert result.schedule is not None and result.estimate is not None, result
+    unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
+    return Plan(module=rewrite(gm, result.schedule, model), schedule=result.schedule,
+                estimate=result.estimate, status=result.status, gap=result.gap,
+                solve_s=result.solve_s, graph=graph, result=result,
+                budget_bytes=parse_budget(budget, unconstrained),
+                unconstrained_peak_bytes=unconstrained)

@@ -2,8 +2,9 @@
 
 Each verb is one ``_add_<verb>(subparsers)`` function that builds its parser and sets
 ``func`` to a ``_cmd_<verb>(args) -> int``; ``_VERBS`` lists the registered ones. Only verbs
-that work are registered. Still to come, from DESIGN.md: ``solve``, ``apply``, ``compare``,
-``advise`` and ``bench``; each will follow the same pattern and reuse ``_add_model_spec``.
+that work are registered: ``profile``, ``solve`` and ``apply``. Still to come, from DESIGN.md:
+``compare``, ``advise`` and ``bench``; each will follow the same pattern and reuse
+``_add_model_spec``.
 
 Errors a user can fix (a bad MODEL_SPEC, a bad value, a missing file) print one line,
 ``scheduler: error: ...``, and exit with code 2; ``--traceback`` shows the full trace instead.
@@ -56,6 +57,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 
@@ -162,10 +173,208 @@ def _print_profile_summary(graph: Any, out: Path) -> None:
     console.print(f"wrote {out}", soft_wrap=True, markup=False, highlight=False)
 
 
+# ---------------------------------------------------------------------------- solve
+
+_SOLVE_EPILOG = """\
+examples:
+  scheduler solve examples/gpt.py:build --budget 60% --out gpt.schedule.json
+  scheduler solve examples/mlp.py:build --budget 6GiB --solver greedy --quiet
+  scheduler solve examples/mlp.py:build --budget 0.5 --solver uniform:4
+
+budgets: bytes ('6GiB', '512MB', '1.5e9', '1024') or a fraction of the unscheduled
+predicted peak ('60%', '0.6').
+"""
+
+
+def _add_solve(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "solve",
+        help="find the checkpointing schedule with the least recompute time within a budget",
+        description="Trace and profile the model, solve for the schedule with the least recompute\n"
+        "time whose predicted peak memory fits the budget, and save it as JSON.",
+        epilog=_SOLVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_model_spec(parser)
+    parser.add_argument(
+        "--budget", required=True, metavar="BUDGET",
+        help="peak memory of one training step: '6GiB', '512MB', '1.5e9' bytes, or '60%%' / "
+        "'0.6' of the unscheduled predicted peak",
+    )
+    parser.add_argument(
+        "--solver", default="auto", metavar="NAME",
+        help="solver name (default: auto): an exact one (auto, dp, cpsat) or a baseline "
+        "(none, every_block, sqrt, uniform:K, greedy, knapsack)",
+    )
+    parser.add_argument(
+        "--time-limit", type=_positive_float, default=30.0, metavar="SECONDS",
+        help="the solver's time limit in seconds (default: 30)",
+    )
+    parser.add_argument(
+        "--headroom", type=float, default=0.0, metavar="FRACTION",
+        help="fraction of the budget held back for cost-model error (default: 0)",
+    )
+    parser.add_argument(
+        "--repeats", type=_positive_int, default=None, metavar="N",
+        help="timed profile steps (default: the profiler's own default)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, metavar="PATH",
+        help="where to write the schedule JSON (default: <file-or-module>-<factory>.schedule.json "
+        "here)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true",
+        help="print no spinner and no summary; errors still go to stderr",
+    )
+    parser.set_defaults(func=_cmd_solve)
+
+
+def _cmd_solve(args: argparse.Namespace) -> int:
+    import scheduler  # deferred: imports torch
+    from scheduler.api import _budget_spec
+    from scheduler.solvers import get_solver
+
+    out: Path = args.out if args.out is not None else _default_out(args.model_spec).with_suffix(
+        ".schedule.json")
+    # Fail on a bad budget, solver or destination now, not after minutes of profiling.
+    _budget_spec(args.budget)
+    get_solver(args.solver)
+    if not 0 <= args.headroom < 1:
+        raise ValueError(f"--headroom must be a fraction in [0, 1), got {args.headroom}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a directory; give a file path such as "
+                         f"{str(out / 'schedule.json')!r}")
+
+    model, inputs, loss_fn = load_factory(args.model_spec)
+    kwargs: dict[str, Any] = dict(budget=args.budget, loss_fn=loss_fn, solver=args.solver,
+                                  time_limit_s=args.time_limit, headroom=args.headroom)
+    if args.repeats is not None:
+        kwargs["repeats"] = args.repeats
+    if args.quiet:
+        plan = scheduler.solve(model, inputs, **kwargs)
+    else:
+        from rich.console import Console
+
+        with Console(stderr=True).status(f"Solving {args.model_spec} ...") as status:
+            plan = scheduler.solve(
+                model, inputs, progress=lambda msg: status.update(f"{args.model_spec}: {msg} ..."),
+                **kwargs)
+    plan.save(out)
+    if not args.quiet:
+        _print_plan(plan, out)
+    return EXIT_OK
+
+
+def _print_plan(plan: Any, out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    e = plan.estimate
+    table = Table(title=f"Schedule ({plan.result.solver})", show_header=False,
+                  title_justify="left")
+    table.add_column("quantity", style="bold")
+    table.add_column("value", justify="right")
+    table.add_row("status", plan.status)
+    table.add_row("gap", "n/a" if plan.gap is None else f"{plan.gap:.2%}")
+    table.add_row("solve time", format_seconds(plan.solve_s))
+    table.add_row("budget", format_bytes(plan.budget_bytes))
+    table.add_row("predicted peak", f"{format_bytes(e.peak_bytes)} "
+                  f"({e.peak_bytes / plan.budget_bytes:.0%} of budget)")
+    table.add_row("unscheduled peak", format_bytes(plan.unconstrained_peak_bytes))
+    table.add_row("recompute time", format_seconds(e.recompute_s))
+    table.add_row("overhead", f"+{e.overhead:.1%}")
+    table.add_row("predicted step", format_seconds(e.step_s))
+    table.add_row("regions", f"{len(plan.schedule.regions)} "
+                  f"({len(plan.schedule.recompute_regions)} recomputed)")
+    console = Console()
+    console.print(table)
+    console.print(f"wrote {out}", soft_wrap=True, markup=False, highlight=False)
+
+
+# ---------------------------------------------------------------------------- apply
+
+_APPLY_EPILOG = """\
+examples:
+  scheduler apply examples/gpt.py:build gpt.schedule.json
+  scheduler apply examples/mlp.py:build mlp-build.schedule.json --repeats 10
+"""
+
+
+def _add_apply(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "apply",
+        help="apply a saved schedule to a model and measure it against the prediction",
+        description="Apply a schedule written by 'scheduler solve' (no solving), run real\n"
+        "training steps of the checkpointed model, and print predicted vs measured peak memory\n"
+        "and step time.",
+        epilog=_APPLY_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_model_spec(parser)
+    parser.add_argument("schedule", type=Path, metavar="SCHEDULE",
+                        help="a schedule JSON file written by 'scheduler solve' or plan.save()")
+    parser.add_argument(
+        "--repeats", type=_positive_int, default=None, metavar="N",
+        help="timed steps (default: the measurement's own default)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true",
+        help="print no spinner and no table; errors still go to stderr",
+    )
+    parser.set_defaults(func=_cmd_apply)
+
+
+def _cmd_apply(args: argparse.Namespace) -> int:
+    import scheduler  # deferred: imports torch
+    from scheduler.schedule import Schedule
+
+    schedule = Schedule.load(args.schedule)  # a missing or bad file fails before the model loads
+    model, inputs, loss_fn = load_factory(args.model_spec)
+    kwargs: dict[str, Any] = {} if args.repeats is None else {"repeats": args.repeats}
+    if args.quiet:
+        module = scheduler.apply(model, schedule, inputs, loss_fn=loss_fn)
+        scheduler.measure(module, inputs, **kwargs)
+        return EXIT_OK
+    from rich.console import Console
+
+    with Console(stderr=True).status(f"Applying {args.schedule} to {args.model_spec} ..."):
+        module = scheduler.apply(model, schedule, inputs, loss_fn=loss_fn)
+        measured = scheduler.measure(module, inputs, **kwargs)
+    _print_measured(schedule, measured)
+    return EXIT_OK
+
+
+def _print_measured(schedule: Any, measured: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    predicted = schedule.estimate or {}
+    table = Table(title=f"{schedule.solver or 'schedule'} ({schedule.status or 'no status'}), "
+                  f"measured on {measured.device}", title_justify="left")
+    table.add_column("", style="bold")
+    table.add_column("predicted", justify="right")
+    table.add_column("measured", justify="right")
+    table.add_column("measured / predicted", justify="right")
+
+    def row(label: str, key: str, value: float, fmt: Callable[[Any], str]) -> None:
+        p = predicted.get(key)
+        ratio = f"{value / p:.3f}" if p else "n/a"
+        table.add_row(label, "n/a" if p is None else fmt(p), fmt(value), ratio)
+
+    row("peak memory", "peak_bytes", measured.peak_bytes, format_bytes)
+    row("step time", "step_s", measured.step_s, format_seconds)
+    if schedule.budget_bytes:
+        fits = "fits" if measured.peak_bytes <= schedule.budget_bytes else "EXCEEDS"
+        table.add_row("budget", format_bytes(schedule.budget_bytes), fits, "")
+    Console().print(table)
+
+
 # ---------------------------------------------------------------------------- parser and main
 
 # Registration functions for the verbs that work today; append new verbs here.
-_VERBS: tuple[Callable[[Any], None], ...] = (_add_profile,)
+_VERBS: tuple[Callable[[Any], None], ...] = (_add_profile, _add_solve, _add_apply)
 
 
 def _version() -> str:
@@ -183,7 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Find the activation-checkpointing schedule with the least recompute time\n"
         "whose peak memory fits a budget.",
-        epilog="example:\n  scheduler profile examples/gpt.py:build --out graphs/gpt.json\n\n"
+        epilog="example:\n  scheduler profile examples/gpt.py:build --out graphs/gpt.json\n"
+        "  scheduler solve examples/gpt.py:build --budget 60% --out gpt.schedule.json\n"
+        "  scheduler apply examples/gpt.py:build gpt.schedule.json\n\n"
         "Run 'scheduler VERB --help' for a verb's options.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

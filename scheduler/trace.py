@@ -13,6 +13,7 @@ buffers restored afterwards.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -28,6 +29,7 @@ __all__ = ["trace", "TraceError", "TraceInfo", "LossRecipe", "default_loss_recip
 #: Name of the attribute that holds the user's model inside the traced wrapper.
 MODEL_ATTR = "model"
 _SKIP_TARGETS = {"_guards_fn"}  # export's input guards: not part of the computation
+_STEP_FILE = "<scheduler step>"  # file name of the generated `_Step.forward`
 
 
 class TraceError(RuntimeError):
@@ -111,7 +113,7 @@ def _step_module(model: nn.Module, loss_fn: Callable[[Any], torch.Tensor],
            f"    out = self.model({names})\n"
            f"    return out, self.loss_fn(out)\n")
     scope: dict[str, Any] = {}
-    exec(compile(src, "<scheduler step>", "exec"), scope)  # noqa: S102 - fixed template
+    exec(compile(src, _STEP_FILE, "exec"), scope)  # noqa: S102 - fixed template
     cls = type("_Step", (_Step,), {"forward": scope["forward"]})
     return cls(model, loss_fn)
 
@@ -265,8 +267,11 @@ def _where(e: BaseException) -> str:
     """The innermost user-code frame of a traceback, as ' (at file:line: code)'."""
     import traceback
 
+    # torch's and this package's own files, by location: a user's file may well live under a
+    # directory that is merely *named* "scheduler" or "torch" (e.g. a checkout of this project)
+    own = tuple(os.path.dirname(os.path.abspath(f)) + os.sep for f in (torch.__file__, __file__))
     frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if "/torch/" not in f.filename and "/scheduler/" not in f.filename]
+              if f.filename != _STEP_FILE and not os.path.abspath(f.filename).startswith(own)]
     if not frames:
         return ""
     f = frames[-1]

@@ -132,3 +132,4 @@ def _load_all() -> None:
     from . import heuristics  # noqa: F401
     from . import dp  # noqa: F401
     from . import auto  # noqa: F401
+    from . import brute  # noqa: F401

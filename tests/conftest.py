@@ -1,0 +1,103 @@
+"""Shared fixtures: small configurations of the example models.
+
+``examples`` is not an installed package, so the repository root is put on ``sys.path``.
+Kept deliberately small; test-specific helpers live in the test files.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+#: Small but non-trivial sizes of every example (seconds, not minutes, to profile on 2 cores).
+#: MLP uses batch=256 so that activations, not parameters, dominate its peak.
+SMALL: dict[str, dict[str, Any]] = {
+    "mlp": dict(batch=256, dim=64, depth=3),
+    "gpt": dict(batch=2, block_size=16, n_layer=2, n_head=2, n_embd=32, vocab_size=64),
+    "unet": dict(batch=2, channels=3, size=16, base=4, classes=2),
+    "hf_gpt2": dict(batch=2, seq_len=16, n_layer=2, n_head=2, n_embd=32, vocab_size=64),
+}
+EXAMPLES = list(SMALL)
+
+
+@pytest.fixture(scope="session")
+def build_example() -> Callable[..., tuple[Any, tuple[Any, ...]]]:
+    """``build_example(name, **overrides) -> (model, inputs)`` with the `SMALL` sizes; skips
+    ``hf_gpt2`` when ``transformers`` is not installed. Same arguments, same seed: an
+    identical, fresh model."""
+
+    def build(name: str, **overrides: Any) -> tuple[Any, tuple[Any, ...]]:
+        if name == "hf_gpt2":
+            pytest.importorskip("transformers")
+        mod = importlib.import_module(f"examples.{name}")
+        return mod.build(**{**SMALL[name], **overrides})
+
+    return build
+
+
+class ModelState:
+    """An independent copy of everything `trace`/`profile` must leave as it was: state_dict
+    values (BatchNorm running statistics included), parameters' ``.grad`` (object and value),
+    train/eval flags, ``requires_grad``, hooks and instance attributes."""
+
+    def __init__(self, model: Any) -> None:
+        self.state = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
+        self.grads = [(p, p.grad, None if p.grad is None else p.grad.clone())
+                      for p in model.parameters()]
+        self.meta = self._meta(model)
+
+    @staticmethod
+    def _meta(model: Any) -> dict[str, Any]:
+        mods = list(model.named_modules())
+        return {
+            "params": [id(p) for p in model.parameters()],
+            "requires_grad": [p.requires_grad for p in model.parameters()],
+            "training": [(n, m.training) for n, m in mods],
+            "hooks": [(n, len(m._forward_hooks), len(m._forward_pre_hooks),
+                       len(m._backward_hooks)) for n, m in mods],
+            "attributes": [(n, sorted(vars(m))) for n, m in mods],
+        }
+
+    def assert_unchanged(self, model: Any) -> None:
+        import torch
+
+        state = model.state_dict(keep_vars=True)
+        assert list(state) == list(self.state)
+        for k, v in self.state.items():
+            assert torch.equal(state[k].detach(), v), f"state_dict[{k!r}] changed"
+        for p, g_obj, g_val in self.grads:
+            assert p.grad is g_obj, "a parameter's .grad was replaced"
+            if g_val is not None:
+                assert torch.equal(p.grad, g_val), "a parameter's .grad changed"
+        after = self._meta(model)
+        for key, value in self.meta.items():
+            assert after[key] == value, f"model {key} changed"
+
+
+@pytest.fixture(scope="session")
+def model_state() -> type[ModelState]:
+    """`ModelState`: ``before = model_state(model); ...; before.assert_unchanged(model)``."""
+    return ModelState
+
+
+def give_grads(model: Any) -> None:
+    """Give every parameter a non-trivial ``.grad``, so restoring it to ``None`` is caught."""
+    import torch
+
+    g = torch.Generator().manual_seed(7)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
+
+
+@pytest.fixture(scope="session")
+def with_grads() -> Callable[[Any], None]:
+    """`give_grads`."""
+    return give_grads

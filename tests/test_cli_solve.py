@@ -1,0 +1,182 @@
+"""``scheduler solve`` and ``scheduler apply`` on the real MLP example (small sizes, the greedy
+baseline, one profile repeat): exit codes, what they print and write, one-line errors."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import scheduler
+from scheduler import cli
+from scheduler.schedule import Schedule
+from scheduler.units import format_bytes
+
+FACTORY = """
+from examples.mlp import build as _build
+
+def small():
+    return _build(batch=256, dim=32, depth=3)
+
+def shallower():
+    return _build(batch=256, dim=32, depth=2)
+"""
+
+
+@pytest.fixture(scope="module")
+def factory(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("factory") / "models.py"
+    path.write_text(textwrap.dedent(FACTORY))
+    return path
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def solved(factory, tmp_path_factory) -> tuple[Path, int, str]:
+    """One real ``scheduler solve ... --budget 70% --solver greedy``: (schedule path, exit
+    code, stdout)."""
+    out = tmp_path_factory.mktemp("solved") / "sub" / "schedule.json"
+    code, stdout, _ = run(["solve", f"{factory}:small", "--budget", "70%", "--solver", "greedy",
+                           "--repeats", "1", "--out", str(out)])
+    return out, code, stdout
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("scheduler: error: ")
+    return lines[0]
+
+
+@pytest.fixture
+def no_profiling(monkeypatch):
+    """Fail the test if anything gets as far as tracing the model."""
+    def boom(*args, **kwargs):
+        raise AssertionError("the model was traced before the arguments were checked")
+
+    monkeypatch.setattr(scheduler.api, "trace", boom)
+
+
+# ------------------------------------------------------------------------------ solve
+
+
+def test_solve_writes_the_schedule_and_prints_the_estimate(solved):
+    path, code, stdout = solved
+    assert code == 0
+    schedule = Schedule.load(path)
+    assert schedule.solver == "greedy" and schedule.status == "FEASIBLE"
+    assert schedule.recompute_regions
+    peak = schedule.estimate["peak_bytes"]
+    assert peak <= schedule.budget_bytes
+    for fragment in ("FEASIBLE", "predicted peak", format_bytes(peak), "budget",
+                     format_bytes(schedule.budget_bytes), "recompute time", "overhead",
+                     "solve time", "gap", f"wrote {path}"):
+        assert fragment in stdout, fragment
+
+
+def test_solve_infeasible_budget_is_one_line_with_the_minimum(factory, tmp_path):
+    out = tmp_path / "s.json"
+    code, stdout, err = run(["solve", f"{factory}:small", "--budget", "5%", "--solver", "greedy",
+                             "--repeats", "1", "--out", str(out), "--quiet"])
+    assert code == 2
+    assert stdout == ""
+    line = one_error_line(err)
+    assert "is infeasible" in line and "use budget=" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("budget", "fragment"), [
+    ("150%", "bad budget '150%'"),
+    ("abc", "bad budget 'abc'"),
+    ("0", "bad budget '0'"),
+    ("-1GiB", "bad budget '-1GiB'"),
+])
+def test_solve_bad_budget_fails_before_profiling(factory, tmp_path, no_profiling, budget, fragment):
+    code, stdout, err = run(["solve", f"{factory}:small", f"--budget={budget}",
+                             "--out", str(tmp_path / "s.json")])
+    assert code == 2 and stdout == ""
+    assert fragment in one_error_line(err)
+
+
+def test_solve_unknown_solver_lists_the_valid_ones(factory, tmp_path, no_profiling):
+    code, _, err = run(["solve", f"{factory}:small", "--budget", "50%", "--solver", "magic",
+                        "--out", str(tmp_path / "s.json")])
+    assert code == 2
+    line = one_error_line(err)
+    assert "'magic'" in line and "greedy" in line and "uniform:K" in line
+
+
+def test_solve_bad_headroom(factory, tmp_path, no_profiling):
+    code, _, err = run(["solve", f"{factory}:small", "--budget", "50%", "--headroom", "1.5",
+                        "--solver", "greedy", "--out", str(tmp_path / "s.json")])
+    assert code == 2 and "--headroom" in one_error_line(err)
+
+
+@pytest.mark.parametrize("argv", [
+    ["solve", "x.py:f"],  # --budget is required
+    ["solve", "x.py:f", "--budget", "50%", "--time-limit", "0"],
+    ["apply", "x.py:f"],  # SCHEDULE is required
+])
+def test_solve_and_apply_usage_errors_exit_2(argv):
+    code, _, err = run(argv)
+    assert code == 2 and "usage: scheduler" in err
+
+
+@pytest.mark.parametrize(("verb", "example"), [
+    ("solve", "scheduler solve examples/gpt.py:build --budget 60%"),
+    ("apply", "scheduler apply examples/gpt.py:build"),
+])
+def test_help_has_an_example(verb, example):
+    code, stdout, _ = run([verb, "--help"])
+    assert code == 0 and example in stdout
+
+
+# ------------------------------------------------------------------------------ apply
+
+
+def test_apply_prints_predicted_and_measured(solved, factory):
+    path, code, _ = solved
+    assert code == 0
+    code, stdout, _ = run(["apply", f"{factory}:small", str(path), "--repeats", "1"])
+    assert code == 0
+    schedule = Schedule.load(path)
+    # the measured peak is deterministic on CPU: measure it independently
+    from examples.mlp import build
+
+    model, inputs = build(batch=256, dim=32, depth=3)
+    measured = scheduler.measure(scheduler.apply(model, schedule, inputs), inputs, repeats=1)
+    for fragment in ("peak memory", "step time", "predicted", "measured",
+                     format_bytes(schedule.estimate["peak_bytes"]),
+                     format_bytes(measured.peak_bytes), format_bytes(schedule.budget_bytes)):
+        assert fragment in stdout, fragment
+    assert ("fits" if measured.peak_bytes <= schedule.budget_bytes else "EXCEEDS") in stdout
+
+
+def test_apply_quiet_prints_nothing(solved, factory):
+    path, _, _ = solved
+    assert run(["apply", f"{factory}:small", str(path), "--repeats", "1", "--quiet"]) == (0, "", "")
+
+
+def test_apply_to_a_different_model_is_one_line(solved, factory):
+    path, _, _ = solved
+    code, stdout, err = run(["apply", f"{factory}:shallower", str(path), "--quiet"])
+    assert code == 2 and stdout == ""
+    assert "fingerprint" in one_error_line(err)
+
+
+def test_apply_missing_or_bad_schedule_is_one_line(factory, tmp_path):
+    code, _, err = run(["apply", f"{factory}:small", str(tmp_path / "nope.json")])
+    assert code == 2 and "nope.json" in one_error_line(err)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "something else"}')
+    code, _, err = run(["apply", f"{factory}:small", str(bad)])
+    assert code == 2 and "schema" in one_error_line(err)
