@@ -75,7 +75,8 @@ class Node:
     module_path: str = ""  # e.g. "transformer.h.3.attn"
     block: str = ""  # the repeated block it belongs to, e.g. "transformer.h.3"; "" if none
     is_loss: bool = False  # part of the loss, not of the model: always runs un-checkpointed
-    time_s: float = 0.0  # forward time, median of the profile's repeats
+    time_s: float = 0.0  # forward time: median of the repeats, scaled so that all forward
+    # and backward times add up to the measured unscheduled step (see profile)
     bwd_time_s: float = 0.0  # time of its backward functions, median of the repeats
     out_bytes: int = 0  # new storage its outputs allocate (views allocate 0)
     saved: tuple[Saved, ...] = ()

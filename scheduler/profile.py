@@ -301,6 +301,13 @@ def _build(prog: Program, rec: _Rec, fwd_t: dict[str, float], bwd_t: list[float]
         views = tuple(readers[1:]) if s["output"] else ()
         storages[sid] = Storage(sid, s["bytes"], s["producer"], s["output"], s["inner_free"],
                                 last, savers, views)
+    # Node-by-node timing adds Python overhead per node and may run at a busier moment than
+    # the whole-step measurement; scale forward and backward times so that they add up to
+    # the measured unscheduled step, keeping their proportions (what the solvers compare).
+    total = sum(fwd_t.values()) + sum(bwd_t)
+    scale = m.step_s / total if total > 0 and m.step_s > 0 else 1.0
+    fwd_t = {k: v * scale for k, v in fwd_t.items()}
+    bwd_t = [v * scale for v in bwd_t]
     # backward time per node: sum of its steps
     bwd_by_node: dict[str, float] = defaultdict(float)
     for step, t in zip(rec.steps, bwd_t):

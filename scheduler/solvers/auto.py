@@ -1,10 +1,11 @@
-"""``auto`` (the default): the exact method that applies, checked against every baseline.
+"""``auto`` (the default): the exact methods, checked against every baseline.
 
-It runs ``dp`` (exact over chain schedules), and every baseline, and returns the schedule with
-the least recompute time whose simulated peak fits. Its status is the chosen solver's: a
-``dp`` result keeps OPTIMAL (proven over the space in ``schedule.meta["space"]``); a baseline
-that beats it (its schedule lies outside that space) is FEASIBLE. When nothing fits it reports
-INFEASIBLE with the least peak any of them reaches.
+It runs ``dp`` (exact over chain schedules), ``cpsat`` (exact over region schedules of general
+graphs, within the time limit) and every baseline, and returns the schedule with the least
+recompute time whose simulated peak fits. Its status is the chosen solver's: an exact result
+keeps OPTIMAL (proven over the space in ``schedule.meta["space"]``); a baseline that beats it
+(its schedule lies outside that space) is FEASIBLE. When nothing fits it reports INFEASIBLE
+with the least peak any of them reaches.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
     """Best of ``dp`` and the baselines under the budget (see the module docstring)."""
     started = time.perf_counter()
     results = [get_solver("dp")(graph, budget_bytes, time_limit_s=time_limit_s)]
+    left = None if time_limit_s is None else max(1.0, time_limit_s - (time.perf_counter()
+                                                                        - started))
+    results.append(get_solver("cpsat")(graph, budget_bytes, time_limit_s=left))
     results += [get_solver(name)(graph, budget_bytes, time_limit_s=time_limit_s)
                 for name in BASELINES]
     fitting = [r for r in results if r.status != INFEASIBLE]

@@ -131,5 +131,6 @@ def _load_all() -> None:
     # importing the families registers them
     from . import heuristics  # noqa: F401
     from . import dp  # noqa: F401
+    from . import cpsat  # noqa: F401
     from . import auto  # noqa: F401
     from . import brute  # noqa: F401

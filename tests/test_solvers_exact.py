@@ -1,0 +1,223 @@
+"""Exact solvers against brute force: on random small graphs (chains and DAGs, small enough to
+enumerate every schedule of the solver's space) and several budgets each, ``dp`` and ``cpsat``
+return exactly the brute-force optimum of the simulator over the same space, and report
+INFEASIBLE exactly when nothing in it fits.
+
+Graphs come from `scheduler.synthetic.random_graph` over fixed seeds (plain loops, not
+hypothesis, so every run checks the same graphs). The not-slow part checks 65 graphs (50 for
+dp, 15 for cpsat); the slow part 185 more (100 chains and 30 DAGs for dp, 55 for cpsat).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scheduler.graph import CostGraph
+from scheduler.simulate import simulate
+from scheduler.solvers import FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult
+from scheduler.solvers.brute import brute_force
+from scheduler.solvers.dp import dp, table_for
+from scheduler.synthetic import random_graph
+
+FRACTIONS = (1.0, 0.85, 0.7, 0.55, 0.4)
+#: generous: these graphs solve in milliseconds, so FEASIBLE means the solver gave up early
+CPSAT_LIMIT_S = 30.0
+REL = 1e-12
+
+
+def _graph(kind: str, seed: int, *, max_nodes: int) -> CostGraph:
+    """The graph of a seed: 4 .. max_nodes compute nodes, half the DAGs with denser skips."""
+    n = 4 + seed % (max_nodes - 3)
+    skip = 0.5 if kind == "dag" and seed % 2 else 0.3
+    return random_graph(n, kind=kind, seed=seed, skip_prob=skip)
+
+
+def _budgets(g: CostGraph, min_feasible: int) -> list[int]:
+    """Fractions of the unscheduled peak, two budgets between the least feasible one and that
+    peak, the least feasible budget exactly and one byte below it."""
+    peak = g.measured_peak_bytes
+    spread = max(0, peak - min_feasible)
+    return sorted({int(f * peak) for f in FRACTIONS}
+                  | {min_feasible + spread // 3, min_feasible + 2 * spread // 3,
+                     min_feasible, min_feasible - 1}, reverse=True)
+
+
+def _boundaries(result: SolveResult) -> set[int]:
+    out, pos = set(), 0
+    for r in result.schedule.regions:
+        out.add(pos)
+        pos += len(r.nodes)
+    return out | {pos}
+
+
+def _check_result(g: CostGraph, r: SolveResult, budget: int, points: list[int]) -> None:
+    """A result with a schedule: its estimate is the simulator's, it fits, and it lies in the
+    space (boundaries at the points, no save sets)."""
+    assert r.schedule is not None and r.estimate is not None, r
+    assert r.estimate == simulate(g, r.schedule)
+    assert r.estimate.peak_bytes <= budget, (r.estimate.peak_bytes, budget)
+    assert _boundaries(r) <= set(points), (sorted(_boundaries(r)), points)
+    assert not any(reg.save for reg in r.schedule.regions)
+
+
+def _explain(g: CostGraph, seed: int, budget: int, mine: SolveResult, ref: SolveResult) -> str:
+    def show(r: SolveResult) -> str:
+        est = r.estimate
+        return (f"{r.status} recompute_s={est.recompute_s if est else None!r} "
+                f"peak={est.peak_bytes if est else None} min_feasible={r.min_feasible_bytes}"
+                + (f"\n{r.schedule.describe()}" if r.schedule else ""))
+    return (f"{g.name} (seed {seed}), budget {budget}:\n{mine.solver}: {show(mine)}\n"
+            f"brute: {show(ref)}")
+
+
+def _save_failure(g: CostGraph, seed: int) -> Path:
+    path = Path(f"/tmp/dp_fail_{seed}.json")
+    path.write_text(json.dumps(g.to_dict()))
+    return path
+
+
+def _compare_dp(seed: int, g: CostGraph) -> int:
+    """dp against brute force over dp's points, at every budget; returns budgets checked."""
+    points = table_for(g)[0].points
+    min_feasible = brute_force(g, 0, points=points).min_feasible_bytes
+    budgets = _budgets(g, min_feasible)
+    for budget in budgets:
+        ref = brute_force(g, budget, points=points)
+        got = dp(g, budget)
+        same = got.status == ref.status and (
+            got.min_feasible_bytes == ref.min_feasible_bytes if ref.status == INFEASIBLE
+            else got.estimate.recompute_s == pytest.approx(ref.estimate.recompute_s, rel=REL,
+                                                           abs=0.0))
+        if not same:
+            path = _save_failure(g, seed)
+            pytest.fail(f"dp disagrees with brute force (graph saved to {path}):\n"
+                        + _explain(g, seed, budget, got, ref))
+        if ref.status == OPTIMAL:
+            _check_result(g, ref, budget, points)
+            _check_result(g, got, budget, points)
+        else:
+            assert got.schedule is None and got.estimate is None
+    return len(budgets)
+
+
+DP_FAST = [range(s, s + 10) for s in range(0, 50, 10)]  # 50 chains of 4..7 nodes
+DP_SLOW = [range(s, s + 10) for s in range(50, 150, 10)]  # 100 chains of 4..9 nodes
+
+
+@pytest.mark.parametrize("seeds", DP_FAST, ids=lambda r: f"chains{r.start}-{r.stop - 1}")
+def test_dp_equals_brute_force_on_chains(seeds: range) -> None:
+    for seed in seeds:
+        g = _graph("chain", seed, max_nodes=7)
+        assert table_for(g)[0].points == list(range(len(g.compute_nodes) + 1))
+        _compare_dp(seed, g)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seeds", DP_SLOW, ids=lambda r: f"chains{r.start}-{r.stop - 1}")
+def test_dp_equals_brute_force_on_more_chains(seeds: range) -> None:
+    for seed in seeds:
+        _compare_dp(seed, _graph("chain", seed, max_nodes=9))
+
+
+# -- cpsat ------------------------------------------------------------------------------------
+
+def _cpsat():
+    """``(cpsat, unit_points)``, or skip while `scheduler.solvers.cpsat` is not there yet."""
+    try:
+        from scheduler.solvers import cpsat as mod
+        return mod.cpsat, mod.unit_points
+    except (ImportError, AttributeError) as e:
+        pytest.skip(f"scheduler.solvers.cpsat with cpsat() and unit_points() not available: {e}")
+
+
+def _compare_cpsat(seed: int, g: CostGraph) -> None:
+    """cpsat against brute force over `unit_points`, at every budget; dp too on DAGs, over its
+    own (fewer) points, where it applies as well."""
+    cpsat, unit_points = _cpsat()
+    points = unit_points(g)
+    min_feasible = brute_force(g, 0, points=points).min_feasible_bytes
+    for budget in _budgets(g, min_feasible):
+        ref = brute_force(g, budget, points=points)
+        got = cpsat(g, budget, time_limit_s=CPSAT_LIMIT_S)
+        why = _explain(g, seed, budget, got, ref)
+        assert (got.status == INFEASIBLE) == (ref.status == INFEASIBLE), why
+        if ref.status == INFEASIBLE:
+            assert got.schedule is None, why
+            # where cpsat names the least feasible budget, it is the space's
+            assert got.min_feasible_bytes in (None, ref.min_feasible_bytes), why
+            continue
+        _check_result(g, got, budget, points)
+        if got.status == OPTIMAL:
+            assert got.estimate.recompute_s == pytest.approx(
+                ref.estimate.recompute_s, rel=REL, abs=0.0), why
+        else:
+            assert got.status == FEASIBLE, why
+            assert got.solve_s >= 0.9 * CPSAT_LIMIT_S, "FEASIBLE before the time limit\n" + why
+            assert got.estimate.recompute_s >= ref.estimate.recompute_s * (1 - REL), why
+
+
+CPSAT_FAST = [("dag", range(1000, 1010)), ("chain", range(2000, 2005))]
+CPSAT_SLOW = [("dag", range(s, s + 10)) for s in range(1010, 1050, 10)] + [
+    ("chain", range(2005, 2020))]
+
+
+@pytest.mark.parametrize("kind,seeds", CPSAT_FAST,
+                         ids=lambda x: x if isinstance(x, str) else f"{x.start}-{x.stop - 1}")
+def test_cpsat_equals_brute_force(kind: str, seeds: range) -> None:
+    for seed in seeds:
+        _compare_cpsat(seed, _graph(kind, seed, max_nodes=7))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,seeds", CPSAT_SLOW,
+                         ids=lambda x: x if isinstance(x, str) else f"{x.start}-{x.stop - 1}")
+def test_cpsat_equals_brute_force_on_more_graphs(kind: str, seeds: range) -> None:
+    for seed in seeds:
+        _compare_cpsat(seed, _graph(kind, seed, max_nodes=9))
+
+
+# -- dp on DAGs, over its chain cuts ------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seeds", [range(3000, 3030)], ids=lambda r: f"dags{r.start}-{r.stop - 1}")
+def test_dp_equals_brute_force_on_dags(seeds: range) -> None:
+    for seed in seeds:
+        _compare_dp(seed, _graph("dag", seed, max_nodes=9))
+
+
+# -- brute force itself -------------------------------------------------------------------------
+
+def test_brute_force_enumerates_the_space() -> None:
+    from scheduler.solvers.brute import count_schedules, schedules
+
+    g = random_graph(6, seed=1)
+    pts = list(range(7))
+    all_spans = list(schedules(g, pts))
+    assert len(all_spans) == count_schedules(g, pts) == 233  # F(2 * 5 + 3)
+    assert len({tuple(s) for s in all_spans}) == len(all_spans)
+    for spans in all_spans:
+        assert not any(a[2] == b[2] == "keep" for a, b in zip(spans, spans[1:]))
+    assert all_spans[0] == [(0, 6, "keep")]
+    assert count_schedules(g, [0, 3, 6], ("recompute",)) == 2
+    with pytest.raises(ValueError, match="233 schedules"):
+        brute_force(g, 10**9, points=pts, max_schedules=100)
+    with pytest.raises(ValueError, match="include 0 and n"):
+        brute_force(g, 10**9, points=[0, 3])
+
+
+def test_brute_solver_is_registered() -> None:
+    from scheduler.solvers import get_solver
+
+    g = random_graph(5, seed=3)
+    r = get_solver("brute")(g, g.measured_peak_bytes)
+    assert r.status == OPTIMAL and r.estimate.recompute_s == 0.0
+    r = get_solver("brute")(g, 0)
+    assert r.status == INFEASIBLE and r.schedule is None
+    assert r.min_feasible_bytes == brute_force(g, 0, points=list(range(6))).min_feasible_bytes
+    at = get_solver("brute")(g, r.min_feasible_bytes)
+    assert at.status == OPTIMAL and at.estimate.peak_bytes == r.min_feasible_bytes
+    with pytest.raises(ValueError, match="at most 12 compute nodes"):
+        get_solver("brute")(random_graph(13, seed=0), 10**9)
