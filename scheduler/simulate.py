@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .graph import CostGraph
-from .schedule import Schedule
+from .schedule import RECOMPUTE, Region, Schedule
 
-__all__ = ["Estimate", "RegionCost", "region_costs", "replay_peak", "simulate"]
+__all__ = ["Estimate", "RegionCost", "ReplayProbe", "region_costs", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -66,22 +66,29 @@ def simulate(graph: CostGraph, schedule: Schedule) -> Estimate:
     return _Sim(graph, schedule).run()
 
 
-def replay_peak(graph: CostGraph, schedule: Schedule, region: int
-                ) -> tuple[int | None, int, dict[int, int]]:
-    """For recompute region ``region``: the backward step at which it is replayed (None if
-    never), the most bytes its replay adds on top of what was alive before it, and the bytes
-    of replayed copies it leaves alive, by the step after which they are freed."""
-    sim = _Sim(graph, schedule)
-    r = schedule.regions[region]
-    savers = [n for n in r.nodes if graph.node(n).saved]
-    steps = [sim.first_step[n] for n in savers if n in sim.first_step]
-    if not r.recompute or not steps:
-        return None, 0, {}
-    info = {"stop": sim.pos[savers[-1]]}
-    mem = _Mem(1, track=False)
-    release: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    sim._replay(region, info, mem, defaultdict(lambda: -1), release)
-    return min(steps), mem.peak, {k: sum(b for b, _ in v) for k, v in release.items()}
+class ReplayProbe:
+    """Replays of candidate recompute regions on one graph, sharing the setup (for solvers
+    that price many regions)."""
+
+    def __init__(self, graph: CostGraph):
+        self.sim = _Sim(graph, Schedule.none(graph))
+        self.g = graph
+
+    def __call__(self, start: int, stop: int) -> tuple[int | None, int, dict[int, int]]:
+        """For a recompute region over ``compute_nodes[start:stop]``: the backward step at which
+        it is replayed (None if never), the most bytes its replay adds on top of what was alive
+        before it, and the bytes of replayed copies it leaves alive, by the step after which
+        they are freed."""
+        sim, g = self.sim, self.g
+        r = Region(RECOMPUTE, tuple(g.compute_nodes[start:stop]))
+        savers = [n for n in r.nodes if g.node(n).saved]
+        steps = [sim.first_step[n] for n in savers if n in sim.first_step]
+        if not steps:
+            return None, 0, {}
+        mem = _Mem(1, track=False)
+        release: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        sim._replay(0, r, {"stop": sim.pos[savers[-1]]}, mem, defaultdict(lambda: -1), release)
+        return min(steps), mem.peak, {k: sum(b for b, _ in v) for k, v in release.items()}
 
 
 def region_costs(graph: CostGraph, schedule: Schedule) -> tuple[Estimate, list["RegionCost"]]:
@@ -221,7 +228,8 @@ class _Sim:
         for i, step in enumerate(g.bwd_steps):
             for ri in bursts.get(i, ()):
                 mem.phase = ri
-                region_s[ri] = self._replay(ri, rinfo[ri], mem, hold_until, release)
+                region_s[ri] = self._replay(ri, self.regions[ri], rinfo[ri], mem, hold_until,
+                                            release)
                 timeline.append((f"recompute {self._region_nodes(ri)[0]}", mem.cur))
             mem.phase = phase_of.get(step.node, R)
             for kind, gid, b in step.events:
@@ -260,7 +268,7 @@ class _Sim:
             out.update(self.users.get(v, ()))
         return out
 
-    def _replay(self, ri: int, info: dict[str, Any], mem: "_Mem",
+    def _replay(self, ri: int, r: Region, info: dict[str, Any], mem: "_Mem",
                 hold_until: dict[int, int], release: dict[int, list[tuple[int, int]]]) -> float:
         """Recompute region ``ri`` at its first backward unpack; returns its time.
 
@@ -271,7 +279,6 @@ class _Sim:
         Replayed copies belong to region ``ri``.
         """
         g = self.g
-        r = self.regions[ri]
         stop = info["stop"]
         members = [n for n in r.nodes if self.pos[n] <= stop]
         region = set(r.nodes)

@@ -8,7 +8,8 @@ solver's own arithmetic), and a status:
 * ``FEASIBLE``: fits the budget, optimality not proven (``gap`` says how far it may be);
 * ``INFEASIBLE``: nothing the solver considers fits. A baseline still returns its schedule and
   estimate so the caller sees by how much it misses; an optimizing solver returns
-  ``schedule=None``.
+  ``schedule=None`` and, when it proved infeasibility, ``min_feasible_bytes``
+  (``None`` there means it ran out of time before finding anything).
 """
 
 from __future__ import annotations

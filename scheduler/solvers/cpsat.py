@@ -32,7 +32,7 @@ from typing import Any
 
 from ..graph import CostGraph
 from ..schedule import KEEP, RECOMPUTE, Schedule
-from ..simulate import replay_peak, simulate
+from ..simulate import ReplayProbe, simulate
 from .base import FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult, finish, register
 from .dp import chain_cuts
 
@@ -67,13 +67,13 @@ class _Model:
     """The CP-SAT relaxation for one graph, points and budget (see the module docstring)."""
 
     def __init__(self, graph: CostGraph, points: list[int], budget_bytes: int | None,
-                 *, objective: bool = True):
+                 *, objective: bool = True, deadline: float | None = None):
         """With ``budget_bytes=None`` the room above the base is a variable and the objective
         is to minimize it (the least peak of the space)."""
         from ortools.sat.python import cp_model
 
         self.cp_model = cp_model
-        self.g, self.points = graph, points
+        self.g, self.points, self.deadline = graph, points, deadline
         g = graph
         m = self.m = cp_model.CpModel()
         names = g.compute_nodes
@@ -139,6 +139,7 @@ class _Model:
 
         # -- forward: before each node's events, what is alive after the previous node ------
         for i, x in enumerate(g.nodes):
+            self._check_time()
             run = peak = 0
             for kind, sid in g.fwd_events.get(x.name, ()):
                 run += g.storages[sid].bytes if kind == "a" else -g.storages[sid].bytes
@@ -157,6 +158,7 @@ class _Model:
         self.alive_before: list[tuple[int, list[tuple[int, Any]]]] = []
         self.step_peak: list[int] = []  # gradient peak of each step above its start
         for k, step in enumerate(g.bwd_steps):
+            self._check_time()
             self.alive_before.append((grad_cur, []))
             run = peak = grad_cur
             for kind, gid, b in step.events:
@@ -215,12 +217,11 @@ class _Model:
         n_steps = len(self.alive_before)
         copies: list[list[tuple[int, Any]]] = [[] for _ in range(n_steps)]
         bursts = []
+        probe = ReplayProbe(self.g)
         for a in range(n_units):
+            self._check_time()
             for b in range(a, n_units):
-                sched = Schedule.from_regions(self.g, [
-                    *([(0, pts[a], KEEP)] if a > 0 else []), (pts[a], pts[b + 1], RECOMPUTE),
-                    *([(pts[b + 1], pts[-1], KEEP)] if b + 1 < n_units else [])])
-                step, extra, freed = replay_peak(self.g, sched, 1 if a > 0 else 0)
+                step, extra, freed = probe(pts[a], pts[b + 1])
                 if step is None:
                     continue
                 when = [rc[a], *(cut[c].Not() for c in range(a + 1, b + 1))]
@@ -231,10 +232,11 @@ class _Model:
                 y = m.NewBoolVar(f"region{a}_{b}")
                 m.AddBoolOr([*(w.Not() for w in when), y])  # the region is there -> y
                 bursts.append((step, extra, y))
-                for k in range(step, n_steps):
-                    held = sum(v for s, v in freed.items() if s >= k)
+                held = sum(freed.values())
+                for k in range(step, max(freed, default=-1) + 1):
                     if held:
                         copies[k].append((held, y))
+                    held -= freed.get(k, 0)
         for step, extra, y in bursts:  # alive before the replay, plus the replay's peak
             const, expr = self.alive_before[step]
             earlier = [(h, z) for h, z in copies[step] if z is not y]
@@ -247,6 +249,10 @@ class _Model:
             if copies[k]:
                 peak = self.step_peak[k]
                 self._fits(const + peak, expr + copies[k], room)
+
+    def _check_time(self) -> None:
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise TimeoutError("cpsat: out of time while building the model")
 
     def _fits(self, const: int, expr: list[tuple[int, Any]], room: Any) -> None:
         if not expr and isinstance(room, int):
@@ -331,7 +337,10 @@ def _solve_lazy(graph: CostGraph, points: list[int], budget: int, deadline: floa
     """(status, schedule, lower bound in s) for the budget; status of the master problem."""
     from ortools.sat.python import cp_model
 
-    model = _Model(graph, points, budget, objective=objective)
+    try:
+        model = _Model(graph, points, budget, objective=objective, deadline=deadline)
+    except TimeoutError:
+        return "TIMEOUT", None, None
     while True:
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 2
@@ -357,7 +366,10 @@ def _min_feasible(graph: CostGraph, points: list[int], deadline: float | None) -
     base; each answer is simulated and cut off if the simulator disagrees)."""
     from ortools.sat.python import cp_model
 
-    model = _Model(graph, points, None)
+    try:
+        model = _Model(graph, points, None, deadline=deadline)
+    except TimeoutError:
+        return None
     best = None
     while True:
         solver = cp_model.CpSolver()
@@ -385,11 +397,11 @@ def cpsat(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = N
     deadline = None if time_limit_s is None else started + time_limit_s
     points = unit_points(graph)
     status, sched, bound = _solve_lazy(graph, points, budget_bytes, deadline)
-    if status == INFEASIBLE:
+    if status == INFEASIBLE:  # proven: nothing in the space fits
         return finish(graph, budget_bytes, None, solver="cpsat", started=started,
                       status=INFEASIBLE,
                       min_feasible_bytes=_min_feasible(graph, points, deadline))
-    if sched is None:  # out of time before any schedule that fits
+    if sched is None:  # out of time before any schedule that fits: none found, none proven
         return finish(graph, budget_bytes, None, solver="cpsat", started=started,
                       status=INFEASIBLE)
     return finish(graph, budget_bytes, sched, solver="cpsat", started=started,
