@@ -23,7 +23,8 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _python_dispatch
 from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
-                                    create_selective_checkpoint_contexts)
+                                    create_selective_checkpoint_contexts, get_device_states,
+                                    set_device_states)
 
 from ._exec import Program
 from .schedule import Schedule, ScheduleError
@@ -127,6 +128,7 @@ class _Calls:
 
     def __init__(self) -> None:
         self.n = 0
+        self.rng: dict[str, Any] = {}  # save-set node -> RNG state forward left after it
 
 
 def _run_region(prog: Program, region: _Region, calls: _Calls, *vals: Any) -> tuple[Any, ...]:
@@ -140,6 +142,14 @@ def _run_region(prog: Program, region: _Region, calls: _Calls, *vals: Any) -> tu
         for i, node in enumerate(region.nodes):
             region.current[0] = node.name
             env[node.name] = prog.run_node(node, env)
+            if node.name in region.save:
+                # the replay takes a save-set node's outputs from the cache without running
+                # it, so it draws no random numbers there: put the RNG where forward left it,
+                # or a later random op of the region (dropout) draws a different mask
+                if replay:
+                    _set_rng(calls.rng[node.name])
+                else:
+                    calls.rng[node.name] = _get_rng(vals)
             for a in (*node.all_input_nodes, node):
                 if (region.last_read.get(a.name, -1) <= i and a.name not in keep
                         and a.op != "get_attr"):
@@ -155,6 +165,21 @@ def _snapshot(buffers: list[torch.Tensor]) -> list[torch.Tensor]:
     # the ops forward ran, and these copies are not part of the model
     with _python_dispatch._disable_current_modes(), torch.no_grad():
         return [b.clone() for b in buffers]
+
+
+def _get_rng(vals: tuple[Any, ...]) -> tuple[Any, ...]:
+    # the states checkpoint(preserve_rng_state=True) itself stashes: CPU, and the devices of
+    # the region's tensor inputs once CUDA is initialised
+    with _python_dispatch._disable_current_modes():
+        devices = get_device_states(*vals) if torch.cuda.is_initialized() else ([], [])
+        return torch.get_rng_state(), *devices
+
+
+def _set_rng(state: tuple[Any, ...]) -> None:
+    cpu, devices, device_states = state
+    with _python_dispatch._disable_current_modes():
+        torch.set_rng_state(cpu)
+        set_device_states(devices, device_states)
 
 
 def _restore(buffers: list[torch.Tensor], saved: list[torch.Tensor]) -> None:

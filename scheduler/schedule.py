@@ -188,8 +188,10 @@ class Schedule:
             raise ScheduleError("regions: missing or empty")
         regions = []
         for i, r in enumerate(regions_raw):
-            if not isinstance(r, dict) or not isinstance(r.get("nodes"), list):
-                raise ScheduleError(f"regions[{i}]: expected {{policy, nodes, save}}")
+            if not isinstance(r, dict) or not _names(r.get("nodes")) or not _names(
+                    r.get("save", [])):
+                raise ScheduleError(f"regions[{i}]: expected {{policy, nodes, save}} with "
+                                    f"nodes and save lists of node names, got {r!r:.200}")
             regions.append(Region(r.get("policy"), tuple(r["nodes"]),
                                   frozenset(r.get("save", ()))))
         fp = d.get("fingerprint", "")
@@ -213,6 +215,10 @@ class Schedule:
             return cls.from_dict(d)
         except ScheduleError as e:
             raise ScheduleError(f"{path}: {e}") from e
+
+
+def _names(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 
 def _raise_coverage(expected: list[str], got: list[str]) -> None:

@@ -1,0 +1,174 @@
+"""Measured against predicted cost of the baseline schedules on the example models.
+
+For each example, the schedules ``none``, ``every_block`` (a recompute region per repeated
+block) and ``uniform:K`` (K equal recompute segments, K = 2 and 4) are rewritten and measured
+(`scheduler.measure`, median of ``--repeats`` steps), and the measured step time over the
+unscheduled step sits beside the simulator's predicted overhead, with predicted and measured
+peak bytes. Nothing is asserted: this is for eyes (and for spotting where the cost model is off).
+
+    python benchmarks/overhead.py --model gpt
+    python benchmarks/overhead.py --model all --size small --repeats 3 --threads 1
+
+"measured / none" is the median step time of the rewritten module over that of the
+unscheduled one (both measured here, the same way); "predicted overhead" is
+``simulate(graph, schedule).overhead``, the recompute time over the unscheduled step, so a
+schedule predicted at +35% should measure about 1.35x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `examples` is not an installed package
+    sys.path.insert(0, str(ROOT))
+
+EXAMPLES = ("mlp", "gpt", "unet", "hf_gpt2")
+#: ``--size small``: the sizes the tests use (seconds to profile on 2 CPU cores)
+SMALL: dict[str, dict[str, Any]] = {
+    "mlp": dict(batch=256, dim=64, depth=3),
+    "gpt": dict(batch=2, block_size=16, n_layer=2, n_head=2, n_embd=32, vocab_size=64),
+    "unet": dict(batch=2, channels=3, size=16, base=4, classes=2),
+    "hf_gpt2": dict(batch=2, seq_len=16, n_layer=2, n_head=2, n_embd=32, vocab_size=64),
+}
+
+
+def none(graph: Any) -> Any:
+    """No checkpointing."""
+    from scheduler.schedule import Schedule
+
+    return Schedule.none(graph)
+
+
+def every_block(graph: Any) -> Any:
+    """One recompute region per distinct `Node.block`; nodes outside blocks are kept."""
+    from scheduler.schedule import KEEP, RECOMPUTE, Schedule
+
+    names = graph.compute_nodes
+    spans, i = [], 0
+    while i < len(names):
+        block = graph.node(names[i]).block
+        j = i
+        while j < len(names) and graph.node(names[j]).block == block:
+            j += 1
+        spans.append((i, j, RECOMPUTE if block else KEEP))
+        i = j
+    return Schedule.from_regions(graph, spans, solver="every_block")
+
+
+def uniform(graph: Any, k: int) -> Any:
+    """``k`` contiguous recompute regions of about equal node count."""
+    from scheduler.schedule import RECOMPUTE, Schedule
+
+    n = len(graph.compute_nodes)
+    k = min(k, n)
+    bounds = [round(i * n / k) for i in range(k + 1)]
+    return Schedule.from_regions(graph, [(a, b, RECOMPUTE) for a, b in zip(bounds, bounds[1:])],
+                                 solver=f"uniform:{k}")
+
+
+SCHEDULES: dict[str, Callable[[Any], Any]] = {
+    "none": none,
+    "every_block": every_block,
+    "uniform:2": lambda g: uniform(g, 2),
+    "uniform:4": lambda g: uniform(g, 4),
+}
+
+
+def bench(name: str, *, size: str, repeats: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Profile ``name`` once, then measure and simulate every schedule in `SCHEDULES`."""
+    import scheduler
+    from scheduler.rewrite import rewrite
+    from scheduler.simulate import simulate
+    from scheduler.trace import trace
+
+    mod = importlib.import_module(f"examples.{name}")
+    model, inputs = mod.build(**(SMALL[name] if size == "small" else {}))
+    t0 = time.perf_counter()
+    graph = scheduler.profile(model, inputs, repeats=repeats)
+    profile_s = time.perf_counter() - t0
+    gm = trace(model, inputs)
+    rows = []
+    base_step_s = None
+    for label, make in SCHEDULES.items():
+        schedule = make(graph)
+        est = simulate(graph, schedule)
+        m = scheduler.measure(rewrite(gm, schedule, model), inputs, repeats=repeats)
+        if base_step_s is None:  # "none" comes first
+            base_step_s = m.step_s
+        rows.append(dict(schedule=label, regions=len(schedule.regions),
+                         recomputed=len(schedule.recompute_regions),
+                         measured_step_s=m.step_s, ratio=m.step_s / base_step_s,
+                         predicted_overhead=est.overhead, predicted_peak=est.peak_bytes,
+                         measured_peak=m.peak_bytes))
+    info = dict(nodes=len(graph.compute_nodes), tracer=graph.meta.get("tracer", "?"),
+                profile_s=profile_s, device=graph.meta.get("device", "?"),
+                inputs=graph.meta.get("inputs", ""))
+    return rows, info
+
+
+def print_table(name: str, rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from scheduler.units import format_bytes, format_seconds
+
+    import torch
+
+    table = Table(title=f"{name}: {info['nodes']} nodes ({info['tracer']}), inputs "
+                        f"{info['inputs']}, {info['device']}, {torch.get_num_threads()} "
+                        f"threads, profiled in {info['profile_s']:.1f} s", title_justify="left")
+    for col in ("schedule", "regions (recomputed)", "step", "measured / none",
+                "predicted overhead", "predicted peak", "measured peak", "peak error"):
+        table.add_column(col, justify="left" if col == "schedule" else "right")
+    for r in rows:
+        err = r["predicted_peak"] / r["measured_peak"] - 1 if r["measured_peak"] else float("nan")
+        table.add_row(r["schedule"], f"{r['regions']} ({r['recomputed']})",
+                      format_seconds(r["measured_step_s"]), f"{r['ratio']:.2f}x",
+                      f"+{r['predicted_overhead']:.1%}", format_bytes(r["predicted_peak"]),
+                      format_bytes(r["measured_peak"]), f"{err:+.1%}")
+    console = Console()
+    if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
+        console = Console(width=132)
+    console.print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Measured step time and peak memory of baseline checkpointing schedules "
+                    "against the simulator's predictions, per example model.")
+    parser.add_argument("--model", choices=[*EXAMPLES, "all"], default="all",
+                        help="which example to run (default: all)")
+    parser.add_argument("--size", choices=["default", "small"], default="default",
+                        help="the example's default size, or the small one the tests use")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timed steps per measurement; the median is reported (default 5)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's own choice); 1 gives "
+                             "steadier times on a machine other jobs are loading")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be at least 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
+    for name in EXAMPLES if args.model == "all" else (args.model,):
+        if name == "hf_gpt2" and importlib.util.find_spec("transformers") is None:
+            print(f"{name}: skipped (pip install transformers)")
+            continue
+        rows, info = bench(name, size=args.size, repeats=args.repeats)
+        print_table(name, rows, info)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
