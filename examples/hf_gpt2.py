@@ -198,3 +198,10 @@ def build_with_labels(
         attn_implementation=attn_implementation,
     )
     return GPT2WithLabels(gpt2).train(), (input_ids, input_ids.clone())
+
+
+def build_12_layers() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """GPT-2 with 12 layers at the other defaults: the recorded ``graphs/hf_gpt2_12l.json``
+    (``scheduler profile examples/hf_gpt2.py:build_12_layers --out graphs/hf_gpt2_12l.json``),
+    the size the solver benchmarks use."""
+    return build(n_layer=12)

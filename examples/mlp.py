@@ -74,7 +74,7 @@ class ResidualMLP(nn.Module):
 
 
 def build(
-    *, batch: int = 32, dim: int = 256, depth: int = 8, seed: int = 0
+    *, batch: int = 512, dim: int = 256, depth: int = 8, seed: int = 0
 ) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """Build a residual MLP and a random example input.
 

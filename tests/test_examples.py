@@ -92,9 +92,9 @@ def test_default_shapes() -> None:
     from examples import gpt, mlp, unet
 
     model, (x,) = mlp.build()
-    assert x.shape == (32, 256)
+    assert x.shape == (512, 256)
     assert len(model.blocks) == 8
-    assert model(x).shape == (32, 256)
+    assert model(x).shape == (512, 256)
 
     model, (idx, targets) = gpt.build()
     assert idx.shape == targets.shape == (4, 64)
