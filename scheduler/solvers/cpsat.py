@@ -332,33 +332,41 @@ class _Model:
         self.m.AddBoolOr(lits)
 
 
-def _solve_lazy(graph: CostGraph, points: list[int], budget: int, deadline: float | None,
-                *, objective: bool = True) -> tuple[str, Schedule | None, float | None]:
+def _cp_solver(deadline: float | None) -> Any:
+    """A CP-SAT solver with the time left until ``deadline``; None when none is left."""
+    from ortools.sat.python import cp_model
+
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 2
+    if deadline is not None:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return None
+        solver.parameters.max_time_in_seconds = left
+    return solver
+
+
+def _solve_lazy(graph: CostGraph, points: list[int], budget: int, deadline: float | None
+                ) -> tuple[str, Schedule | None, float | None]:
     """(status, schedule, lower bound in s) for the budget; status of the master problem."""
     from ortools.sat.python import cp_model
 
     try:
-        model = _Model(graph, points, budget, objective=objective, deadline=deadline)
+        model = _Model(graph, points, budget, deadline=deadline)
     except TimeoutError:
         return "TIMEOUT", None, None
-    while True:
-        solver = cp_model.CpSolver()
-        solver.parameters.num_workers = 2
-        if deadline is not None:
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                return "TIMEOUT", None, None
-            solver.parameters.max_time_in_seconds = left
+    while (solver := _cp_solver(deadline)) is not None:
         st = solver.Solve(model.m)
         if st == cp_model.INFEASIBLE:
             return INFEASIBLE, None, None
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return "TIMEOUT", None, None
+            break
         sched = model.schedule(solver)
         if simulate(graph, sched).peak_bytes <= budget:
-            bound = solver.BestObjectiveBound() / _NS if objective else None
+            bound = solver.BestObjectiveBound() / _NS
             return (OPTIMAL if st == cp_model.OPTIMAL else FEASIBLE), sched, bound
         model.forbid(solver)
+    return "TIMEOUT", None, None
 
 
 def _min_feasible(graph: CostGraph, points: list[int], deadline: float | None) -> int | None:
@@ -371,22 +379,16 @@ def _min_feasible(graph: CostGraph, points: list[int], deadline: float | None) -
     except TimeoutError:
         return None
     best = None
-    while True:
-        solver = cp_model.CpSolver()
-        solver.parameters.num_workers = 2
-        if deadline is not None:
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                return best
-            solver.parameters.max_time_in_seconds = left
+    while (solver := _cp_solver(deadline)) is not None:
         st = solver.Solve(model.m)
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return best
+            break
         peak = simulate(graph, model.schedule(solver)).peak_bytes
         best = peak if best is None else min(best, peak)
         if st == cp_model.OPTIMAL and peak == solver.Value(model.room) + graph.base_bytes:
-            return best
+            break
         model.forbid(solver)
+    return best
 
 
 @register("cpsat")
