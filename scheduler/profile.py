@@ -335,7 +335,9 @@ def _build(prog: Program, rec: _Rec, fwd_t: dict[str, float], bwd_t: list[float]
         measured_peak_bytes=m.peak_bytes, measured_step_s=m.step_s,
         meta={"tracer": info.tracer, "torch": torch.__version__, "device": m.device,
               "inputs": _shape_str(inputs), "recorded_peak_bytes": rec.peak_bytes,
-              "fallback_reason": info.fallback_reason},
+              "fallback_reason": info.fallback_reason,
+              # the step holds the loss until backward ends
+              "loss_node": prog.loss_leaf.name if isinstance(prog.loss_leaf, fx.Node) else ""},
     )
 
 

@@ -10,7 +10,8 @@ storage whose last forward reader has run is freed unless something holds it:
 * it is an input of a ``recompute`` region (non-reentrant checkpoint keeps the region's inputs):
   held until the last backward step of that region;
 * it was allocated by a node in its recompute region's save set (selective checkpoint caches
-  every op output of a MUST_SAVE node): held until the region is replayed.
+  every op output of a MUST_SAVE node): held until the region is replayed;
+* it is the loss (``graph.meta["loss_node"]``): held until backward ends.
 
 Backward, step by step as recorded (a schedule does not change the order or the gradients):
 the first step of a recompute region that unpacks a saved tensor replays the region's forward
@@ -168,8 +169,9 @@ class _Sim:
         # cached_in[sid]: the recompute region whose save set caches it until the replay
         hold_until: dict[int, int] = {}
         cached_in: dict[int, int] = {}
+        loss_node = g.meta.get("loss_node")
         for sid, st in g.storages.items():
-            h = -1
+            h = self.end_step if st.producer == loss_node and st.output else -1
             for m in st.savers:
                 if not self._is_rc(m):
                     h = max(h, self._bwd_done(m))

@@ -121,6 +121,8 @@ class _Model:
             if st.inner_free:
                 continue
             terms: list[tuple[int, Any]] = []
+            if st.output and st.producer == g.meta.get("loss_node"):
+                terms.append((end, True))  # the step holds the loss until backward ends
             for s in st.savers:
                 if s in unit:
                     terms.append((done[s], rc[unit[s]].Not()))
