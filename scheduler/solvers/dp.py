@@ -108,7 +108,8 @@ class RegionTable:
 
 def table_for(graph: CostGraph, *, max_cuts: int = 40) -> tuple[RegionTable, str]:
     """The region table of ``graph`` (cached on the graph object) and a description of the
-    space it spans."""
+    space it spans: every chain cut, or, when there are more than ``max_cuts``, those at block
+    boundaries, evenly thinned to ``max_cuts`` if still too many."""
     cache = graph.__dict__.setdefault("_dp_tables", {})
     if max_cuts not in cache:
         cuts = chain_cuts(graph)
@@ -117,8 +118,21 @@ def table_for(graph: CostGraph, *, max_cuts: int = 40) -> tuple[RegionTable, str
             blocks = [n.block for n in graph.nodes if not n.is_loss]
             cuts = [c for c in cuts if blocks[c] != blocks[c - 1]]
             space = "chain cuts at block boundaries"
+        if len(cuts) > max_cuts:
+            step = len(cuts) / max_cuts
+            cuts = sorted({cuts[int(i * step)] for i in range(max_cuts)})
+            space += f", thinned to {len(cuts)}"
         cache[max_cuts] = (RegionTable(graph, cuts), space)
     return cache[max_cuts]
+
+
+def affordable_cuts(graph: CostGraph, seconds: float, *, most: int = 40) -> int:
+    """How many cuts the region table can have for its O(cuts^2) simulations to take about
+    ``seconds`` on this graph (timed on one simulation)."""
+    t0 = time.perf_counter()
+    region_costs(graph, Schedule.none(graph))
+    per_pair = 4 * max(time.perf_counter() - t0, 1e-4)  # both policies, both previous ones
+    return max(2, min(most, int((2 * seconds / per_pair) ** 0.5)))
 
 
 def _search(table: RegionTable, budget: int) -> tuple[float, list[tuple[int, int, str]], int,
@@ -189,9 +203,14 @@ def min_feasible_bytes(table: RegionTable) -> int:
 @register("dp")
 def dp(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None,
        max_cuts: int = 40) -> SolveResult:
-    """Exact DP over chain schedules (see the module docstring). ``time_limit_s`` is not
-    needed: the search is polynomial."""
+    """Exact DP over chain schedules (see the module docstring). The search is polynomial;
+    ``time_limit_s`` bounds the table's size (fewer cuts on large graphs, said in
+    ``schedule.meta["space"]``)."""
     started = time.perf_counter()
+    cached = graph.__dict__.get("_dp_tables", {})
+    if max_cuts not in cached and time_limit_s is not None:
+        max_cuts = next((k for k in sorted(cached, reverse=True) if k <= max_cuts),
+                        min(max_cuts, affordable_cuts(graph, time_limit_s / 2)))
     table, space = table_for(graph, max_cuts=max_cuts)
     found = _search(table, budget_bytes)
     if found is None:
