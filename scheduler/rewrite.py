@@ -36,7 +36,6 @@ __all__ = ["CheckpointedModule", "rewrite"]
 class _Region:
     recompute: bool
     nodes: list[fx.Node]
-    first: int  # position of the first node in the program
     inputs: list[str]  # values read from outside the region (not attributes)
     outputs: list[str]  # values read after the region
     save: frozenset[str]
@@ -237,7 +236,7 @@ def _plan(prog: Program, schedule: Schedule) -> list[_Region]:
     regions = []
     for r in schedule.regions:
         nodes = [by_name[n] for n in r.nodes]
-        regions.append(_Region(r.recompute, nodes, prog.pos[nodes[0]], [], [], r.save, []))
+        regions.append(_Region(r.recompute, nodes, [], [], r.save, []))
     out_names = {x.name for x in prog.model_out_leaves if isinstance(x, fx.Node)}
     for ri, r in enumerate(regions):
         inside = {n.name for n in r.nodes}

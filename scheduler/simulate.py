@@ -143,9 +143,6 @@ class _Sim:
         """Step after which node's saved tensors are released (end if its backward never runs)."""
         return self.last_step.get(node, self.end_step)
 
-    def _region_nodes(self, ri: int) -> tuple[str, ...]:
-        return self.regions[ri].nodes
-
     def run(self) -> Estimate:
         g = self.g
         nodes = g.nodes
@@ -232,7 +229,7 @@ class _Sim:
                 mem.phase = ri
                 region_s[ri] = self._replay(ri, self.regions[ri], rinfo[ri], mem, hold_until,
                                             release)
-                timeline.append((f"recompute {self._region_nodes(ri)[0]}", mem.cur))
+                timeline.append((f"recompute {self.regions[ri].nodes[0]}", mem.cur))
             mem.phase = phase_of.get(step.node, R)
             for kind, gid, b in step.events:
                 if kind == "a":

@@ -88,16 +88,19 @@ def _random_schedule(g: Any, rnd: random.Random) -> Schedule:
     return Schedule.from_regions(g, spans)
 
 
+def _check_random_schedule(p: Profiled, seed: int) -> None:
+    schedule = _random_schedule(p.graph, random.Random(seed))
+    err, predicted, measured = p.error(schedule)
+    assert err <= TOLERANCE, (f"{p.name}: predicted {predicted}, measured {measured}\n"
+                              f"{schedule.describe()}")
+
+
 @pytest.mark.parametrize("name", ["mlp", "gpt", "unet"])
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**31 - 1))
 def test_random_schedules_predicted_peak_matches_measured(name: str, seed: int,
                                                           profiled: Any) -> None:
-    p = profiled(name)
-    schedule = _random_schedule(p.graph, random.Random(seed))
-    err, predicted, measured = p.error(schedule)
-    assert err <= TOLERANCE, (f"{name}: predicted {predicted}, measured {measured}\n"
-                              f"{schedule.describe()}")
+    _check_random_schedule(profiled(name), seed)
 
 
 @pytest.mark.slow
@@ -106,11 +109,7 @@ def test_random_schedules_predicted_peak_matches_measured(name: str, seed: int,
 @given(seed=st.integers(0, 2**31 - 1))
 def test_many_random_schedules_predicted_peak_matches_measured(name: str, seed: int,
                                                                profiled: Any) -> None:
-    p = profiled(name)
-    schedule = _random_schedule(p.graph, random.Random(seed))
-    err, predicted, measured = p.error(schedule)
-    assert err <= TOLERANCE, (f"{name}: predicted {predicted}, measured {measured}\n"
-                              f"{schedule.describe()}")
+    _check_random_schedule(profiled(name), seed)
 
 
 def test_unscheduled_prediction_is_the_recorded_peak(profiled: Any) -> None:
