@@ -11,6 +11,7 @@ dp, 15 for cpsat); the slow part 185 more (100 chains and 30 DAGs for dp, 55 for
 from __future__ import annotations
 
 import json
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from scheduler.graph import CostGraph
 from scheduler.simulate import simulate
 from scheduler.solvers import FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult
 from scheduler.solvers.brute import brute_force
-from scheduler.solvers.dp import dp, table_for
+from scheduler.solvers.dp import dp, save_candidates, table_for
 from scheduler.synthetic import random_graph
 
 FRACTIONS = (1.0, 0.85, 0.7, 0.55, 0.4)
@@ -53,14 +54,20 @@ def _boundaries(result: SolveResult) -> set[int]:
     return out | {pos}
 
 
-def _check_result(g: CostGraph, r: SolveResult, budget: int, points: list[int]) -> None:
+def _check_result(g: CostGraph, r: SolveResult, budget: int, points: list[int],
+                  save_options: Any = None) -> None:
     """A result with a schedule: its estimate is the simulator's, it fits, and it lies in the
-    space (boundaries at the points, no save sets)."""
+    space (boundaries at the points; save sets only those ``save_options`` offers)."""
     assert r.schedule is not None and r.estimate is not None, r
     assert r.estimate == simulate(g, r.schedule)
     assert r.estimate.peak_bytes <= budget, (r.estimate.peak_bytes, budget)
     assert _boundaries(r) <= set(points), (sorted(_boundaries(r)), points)
-    assert not any(reg.save for reg in r.schedule.regions)
+    pos = 0
+    for reg in r.schedule.regions:
+        start, pos = pos, pos + len(reg.nodes)
+        if reg.save:
+            assert save_options is not None, "a save set outside the space"
+            assert reg.save in save_options(g, start, pos), (reg.save, start, pos)
 
 
 def _explain(g: CostGraph, seed: int, budget: int, mine: SolveResult, ref: SolveResult) -> str:
@@ -82,10 +89,11 @@ def _save_failure(g: CostGraph, seed: int) -> Path:
 def _compare_dp(seed: int, g: CostGraph) -> int:
     """dp against brute force over dp's points, at every budget; returns budgets checked."""
     points = table_for(g)[0].points
-    min_feasible = brute_force(g, 0, points=points).min_feasible_bytes
+    min_feasible = brute_force(g, 0, points=points,
+                               save_options=save_candidates).min_feasible_bytes
     budgets = _budgets(g, min_feasible)
     for budget in budgets:
-        ref = brute_force(g, budget, points=points)
+        ref = brute_force(g, budget, points=points, save_options=save_candidates)
         got = dp(g, budget)
         same = got.status == ref.status and (
             got.min_feasible_bytes == ref.min_feasible_bytes if ref.status == INFEASIBLE
@@ -96,15 +104,15 @@ def _compare_dp(seed: int, g: CostGraph) -> int:
             pytest.fail(f"dp disagrees with brute force (graph saved to {path}):\n"
                         + _explain(g, seed, budget, got, ref))
         if ref.status == OPTIMAL:
-            _check_result(g, ref, budget, points)
-            _check_result(g, got, budget, points)
+            _check_result(g, ref, budget, points, save_candidates)
+            _check_result(g, got, budget, points, save_candidates)
         else:
             assert got.schedule is None and got.estimate is None
     return len(budgets)
 
 
 DP_FAST = [range(s, s + 10) for s in range(0, 50, 10)]  # 50 chains of 4..7 nodes
-DP_SLOW = [range(s, s + 10) for s in range(50, 150, 10)]  # 100 chains of 4..9 nodes
+DP_SLOW = [range(s, s + 10) for s in range(50, 150, 10)]  # 100 chains of 4..7 nodes
 
 
 @pytest.mark.parametrize("seeds", DP_FAST, ids=lambda r: f"chains{r.start}-{r.stop - 1}")
@@ -119,7 +127,7 @@ def test_dp_equals_brute_force_on_chains(seeds: range) -> None:
 @pytest.mark.parametrize("seeds", DP_SLOW, ids=lambda r: f"chains{r.start}-{r.stop - 1}")
 def test_dp_equals_brute_force_on_more_chains(seeds: range) -> None:
     for seed in seeds:
-        _compare_dp(seed, _graph("chain", seed, max_nodes=9))
+        _compare_dp(seed, _graph("chain", seed, max_nodes=7))
 
 
 # -- cpsat ------------------------------------------------------------------------------------
@@ -185,7 +193,7 @@ def test_cpsat_equals_brute_force_on_more_graphs(kind: str, seeds: range) -> Non
 @pytest.mark.parametrize("seeds", [range(3000, 3030)], ids=lambda r: f"dags{r.start}-{r.stop - 1}")
 def test_dp_equals_brute_force_on_dags(seeds: range) -> None:
     for seed in seeds:
-        _compare_dp(seed, _graph("dag", seed, max_nodes=9))
+        _compare_dp(seed, _graph("dag", seed, max_nodes=7))
 
 
 # -- brute force itself -------------------------------------------------------------------------

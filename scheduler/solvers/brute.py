@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from itertools import combinations, product
 from math import comb
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from ..graph import CostGraph
 from ..schedule import KEEP, RECOMPUTE, Region, Schedule
@@ -72,21 +72,29 @@ def _n_sequences(k: int, policies: tuple[str, ...]) -> int:
     return end_keep + end_other
 
 
+SaveOptions = Callable[[CostGraph, int, int], Sequence[frozenset]]
+
+
 def count_schedules(graph: CostGraph, points: Sequence[int],
-                    policies: Sequence[str] = (KEEP, RECOMPUTE)) -> int:
-    """How many schedules `schedules` enumerates for these points and policies."""
+                    policies: Sequence[str] = (KEEP, RECOMPUTE),
+                    save_options: SaveOptions | None = None) -> int:
+    """How many schedules `schedules` enumerates for these points, policies and save sets."""
     pts = _check_points(graph, points)
     pol = _check_policies(policies)
     m = len(pts) - 2
     if m < 0:  # no compute nodes
         return 0
+    if save_options is not None:
+        return sum(1 for _ in schedules(graph, pts, pol, save_options))
     return sum(comb(m, k - 1) * _n_sequences(k, pol) for k in range(1, m + 2))
 
 
 def schedules(graph: CostGraph, points: Sequence[int],
-              policies: Sequence[str] = (KEEP, RECOMPUTE)) -> Iterator[list[Span]]:
+              policies: Sequence[str] = (KEEP, RECOMPUTE),
+              save_options: SaveOptions | None = None) -> Iterator[list[tuple]]:
     """Every schedule of the space as ``(start, stop, policy)`` spans, in enumeration order
-    (see the module docstring)."""
+    (see the module docstring); with ``save_options(graph, start, stop)``, each recompute
+    region takes each of the save sets it offers, as ``(start, stop, policy, save)``."""
     pts = _check_points(graph, points)
     pol = _check_policies(policies)
     inner, n = pts[1:-1], pts[-1]
@@ -97,16 +105,24 @@ def schedules(graph: CostGraph, points: Sequence[int],
             bounds = (0, *cuts, n)
             spans = list(zip(bounds, bounds[1:]))
             for seq in _policy_sequences(k + 1, pol):
-                yield [(a, b, p) for (a, b), p in zip(spans, seq)]
+                plain = [(a, b, p) for (a, b), p in zip(spans, seq)]
+                if save_options is None:
+                    yield plain
+                    continue
+                choices = [save_options(graph, a, b) if p == RECOMPUTE else [frozenset()]
+                           for a, b, p in plain]
+                for saves in product(*choices):
+                    yield [(a, b, p, sv) for (a, b, p), sv in zip(plain, saves)]
 
 
 def _space(graph: CostGraph, points: list[int], policies: tuple[str, ...],
-           max_schedules: int) -> list[tuple[int, float]]:
+           max_schedules: int, save_options: SaveOptions | None = None
+           ) -> list[tuple[int, float]]:
     """(peak bytes, recompute seconds) of every schedule, in enumeration order; cached."""
     cache = graph.__dict__.setdefault("_brute_spaces", {})
-    key = (tuple(points), policies)
+    key = (tuple(points), policies, save_options)
     if key not in cache:
-        count = count_schedules(graph, points, policies)
+        count = count_schedules(graph, points, policies, save_options)
         if count > max_schedules:
             raise ValueError(
                 f"brute force over {len(points)} points ({len(points) - 2} interior) and "
@@ -114,10 +130,12 @@ def _space(graph: CostGraph, points: list[int], policies: tuple[str, ...],
                 f"max_schedules={max_schedules}; give fewer points or raise max_schedules")
         names = graph.compute_nodes
         out = []
-        for spans in schedules(graph, points, policies):
+        for spans in schedules(graph, points, policies, save_options):
             # built directly (no fingerprint: hashing the graph would cost more than
             # simulating it); `simulate` still validates the coverage
-            regions = [Region(p, tuple(names[a:b])) for a, b, p in spans]
+            regions = [Region(sp[2], tuple(names[sp[0]:sp[1]]),
+                              frozenset(sp[3]) if len(sp) > 3 else frozenset())
+                       for sp in spans]
             est = simulate(graph, Schedule(regions))
             out.append((est.peak_bytes, est.recompute_s))
         cache[key] = out
@@ -126,10 +144,12 @@ def _space(graph: CostGraph, points: list[int], policies: tuple[str, ...],
 
 def brute_force(graph: CostGraph, budget_bytes: int, *, points: list[int],
                 policies: Sequence[str] = (KEEP, RECOMPUTE),
+                save_options: SaveOptions | None = None,
                 max_schedules: int = 200_000) -> SolveResult:
     """The least-recompute schedule under ``budget_bytes`` among all schedules with region
     boundaries at a subset of ``points`` (including 0 and ``len(graph.compute_nodes)``) and a
-    policy from ``policies`` per region, by simulating each one.
+    policy from ``policies`` per region (and, with ``save_options``, each save set it offers a
+    recompute region), by simulating each one.
 
     Returns OPTIMAL (over that space) or INFEASIBLE with ``min_feasible_bytes`` the least peak
     over the space.
@@ -141,7 +161,7 @@ def brute_force(graph: CostGraph, budget_bytes: int, *, points: list[int],
     started = time.perf_counter()
     pts = _check_points(graph, points)
     pol = _check_policies(policies)
-    space = _space(graph, pts, pol, max_schedules)
+    space = _space(graph, pts, pol, max_schedules, save_options)
     best = None
     for i, (peak, t) in enumerate(space):
         if peak <= budget_bytes and (best is None or t < space[best][1]):
@@ -150,7 +170,7 @@ def brute_force(graph: CostGraph, budget_bytes: int, *, points: list[int],
         return finish(graph, budget_bytes, None, solver="brute", started=started,
                       status=INFEASIBLE,
                       min_feasible_bytes=min((p for p, _ in space), default=None))
-    spans = next(s for i, s in enumerate(schedules(graph, pts, pol)) if i == best)
+    spans = next(s for i, s in enumerate(schedules(graph, pts, pol, save_options)) if i == best)
     schedule = Schedule.from_regions(
         graph, spans, meta={"space": f"brute force: boundaries at a subset of {pts}, "
                                      f"policies {list(pol)}"})

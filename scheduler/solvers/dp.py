@@ -2,15 +2,17 @@
 
 **Space.** Regions start and end at *chain cuts*: positions between two compute nodes that at
 most one activation crosses (no other forward storage is read or saved on both sides). Each
-region is ``keep`` or ``recompute`` (no save sets). `chain_cuts` lists the cuts; when there are
+region is ``keep``, or ``recompute`` with one of the save sets `save_candidates` offers: none,
+its slowest allocating node, or its two slowest (selective checkpointing: their outputs are
+cached in forward and not replayed). `chain_cuts` lists the cuts; when there are
 more than ``max_cuts``, only cuts at block boundaries are kept (the space shrinks, and
 results say so in ``schedule.meta["space"]``).
 
 **Why it is exact.** On such a chain the simulator's peak decomposes over regions:
 ``peak = max_j (H_<j + L_j)`` where ``L_j`` is region j's local peak (its forward, replay and
 backward, base included) and ``H_<j`` the bytes earlier regions hold meanwhile (`RegionCost`).
-Both depend only on the region's span, its policy and the previous region's policy (which
-decides whether the activation entering it is held). They are measured by running the
+Both depend only on the region's span, its policy and save set, and the previous region's
+policy (which decides whether the activation entering it is held). They are measured by running the
 simulator itself on small schedules, so the DP composes the simulator's own numbers. The DP
 keeps, for every cut and last policy, the Pareto front of (bytes held, recompute time) over
 feasible prefixes: integers, no rounding, so a schedule it accepts fits. Each result is
@@ -25,14 +27,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator
 
 from ..graph import CostGraph
 from ..schedule import KEEP, RECOMPUTE, Schedule
 from ..simulate import region_costs
 from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, register
 
-__all__ = ["chain_cuts", "dp", "RegionTable"]
+__all__ = ["chain_cuts", "dp", "RegionTable", "region_options", "save_candidates", "table_for"]
 
 POLICIES = (KEEP, RECOMPUTE)
 
@@ -66,6 +67,21 @@ def chain_cuts(graph: CostGraph) -> list[int]:
     return cuts
 
 
+def save_candidates(graph: CostGraph, start: int, stop: int) -> list[frozenset[str]]:
+    """Save sets offered to a recompute region over ``compute_nodes[start:stop]``: none, its
+    slowest allocating node, its two slowest (ties by position)."""
+    names = graph.compute_nodes[start:stop]
+    alloc = [(-graph.node(x).time_s, i, x) for i, x in enumerate(names) if graph.allocates(x)]
+    top = [x for _, _, x in sorted(alloc)[:2]]
+    return [frozenset(top[:k]) for k in range(len(top) + 1)]
+
+
+def region_options(graph: CostGraph, start: int, stop: int
+                   ) -> list[tuple[str, frozenset[str]]]:
+    """(policy, save set) choices for one region of the space."""
+    return [(KEEP, frozenset())] + [(RECOMPUTE, s) for s in save_candidates(graph, start, stop)]
+
+
 @dataclass(frozen=True)
 class _Entry:
     local: int  # local peak bytes of the region
@@ -75,27 +91,46 @@ class _Entry:
     exact: bool
 
 
+#: what the region before a cut does with the activation crossing it: keeps it for backward
+#: (keep), drops it (recompute), or caches it (recompute with its producer in the save set)
+ENTRY_STATES = (KEEP, RECOMPUTE, "cached")
+
+
 class RegionTable:
-    """`RegionCost` of every region span between cuts, for both policies and both policies of
-    the region before it, measured with the simulator."""
+    """`RegionCost` of every region span between cuts, for each of its `region_options` and
+    each `ENTRY_STATES` the region before it leaves, measured with the simulator."""
 
     def __init__(self, graph: CostGraph, cuts: list[int]):
         self.graph = graph
         self.points = [0, *cuts, len(graph.compute_nodes)]
-        self.entries: dict[tuple[int, int, str, str | None], _Entry] = {}
+        self.crossing = _crossing_producers(graph, self.points)
+        self.options: dict[tuple[int, int], list[tuple[str, frozenset[str]]]] = {}
+        self.entries: dict[tuple[int, int, int, str | None], _Entry] = {}
         pts = self.points
         for a in range(len(pts) - 1):
+            states = (None,) if a == 0 else ENTRY_STATES if self.crossing[a] else POLICIES
             for b in range(a + 1, len(pts)):
-                for p in POLICIES:
-                    for q in ((None,) if a == 0 else POLICIES):
-                        self.entries[a, b, p, q] = self._measure(pts[a], pts[b], p, q)
+                opts = self.options[a, b] = region_options(graph, pts[a], pts[b])
+                for o, (p, save) in enumerate(opts):
+                    for q in states:
+                        self.entries[a, b, o, q] = self._measure(a, b, p, save, q)
 
-    def _measure(self, start: int, stop: int, p: str, q: str | None) -> _Entry:
+    def leaves(self, b: int, policy: str, save: frozenset[str]) -> str:
+        """The entry state a region ending at point ``b`` leaves for the next one."""
+        if policy == RECOMPUTE and self.crossing[b] in save:
+            return "cached"
+        return policy
+
+    def _measure(self, a: int, b: int, p: str, save: frozenset[str], q: str | None) -> _Entry:
         n = len(self.graph.compute_nodes)
-        spans = []
+        start, stop = self.points[a], self.points[b]
+        spans: list[tuple] = []
         if start > 0:
-            spans.append((0, start, q))
-        spans.append((start, stop, p))
+            if q == "cached":
+                spans.append((0, start, RECOMPUTE, {self.crossing[a]}))
+            else:
+                spans.append((0, start, q))
+        spans.append((start, stop, p, save))
         if stop < n:
             spans.append((stop, n, KEEP))
         _, costs = region_costs(self.graph, Schedule.from_regions(self.graph, spans))
@@ -104,6 +139,30 @@ class RegionTable:
         return _Entry(c.local_peak_bytes, c.held_bytes, c.recompute_s,
                       costs[-1].local_peak_bytes,
                       c.separable and all(x.separable for x in costs[:j]))
+
+
+def _crossing_producers(graph: CostGraph, points: list[int]) -> dict[int, str | None]:
+    """For each point index: the node that produced the activation crossing that cut (None
+    at the ends or when nothing crosses)."""
+    names = graph.compute_nodes
+    idx = {name: i for i, name in enumerate(names)}
+    n = len(names)
+    users: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        for u in node.inputs:
+            users.setdefault(u, []).append(node.name)
+    out: dict[int, str | None] = {i: None for i in range(len(points))}
+    for st in graph.storages.values():
+        p = idx.get(st.producer, n)
+        readers = set(st.savers)
+        if st.output:
+            for v in (st.producer, *st.views):
+                readers.update(users.get(v, ()))
+        last = max((idx.get(r, n) for r in readers), default=p)
+        for i, c in enumerate(points):
+            if 0 < c < n and p < c <= last:
+                out[i] = st.producer
+    return out
 
 
 def table_for(graph: CostGraph, *, max_cuts: int = 40) -> tuple[RegionTable, str]:
@@ -135,8 +194,7 @@ def affordable_cuts(graph: CostGraph, seconds: float, *, most: int = 40) -> int:
     return max(2, min(most, int((2 * seconds / per_pair) ** 0.5)))
 
 
-def _search(table: RegionTable, budget: int) -> tuple[float, list[tuple[int, int, str]], int,
-                                                        bool] | None:
+def _search(table: RegionTable, budget: int) -> tuple[float, list[tuple], int, bool] | None:
     """Least recompute time under ``budget``: (time, spans, composed peak, exact) or None."""
     pts = table.points
     last = len(pts) - 1
@@ -145,23 +203,24 @@ def _search(table: RegionTable, budget: int) -> tuple[float, list[tuple[int, int
         (0, None): [(0, 0.0, 0, True, ())]}
     best = None
     for a in range(last):
-        for q in ((None,) if a == 0 else POLICIES):
+        for q in ((None,) if a == 0 else ENTRY_STATES):
             for held, t, peak, exact, spans in front.get((a, q), ()):
                 for b in range(a + 1, last + 1):
-                    for p in POLICIES:
-                        e = table.entries[a, b, p, q]
+                    for o, (p, save) in enumerate(table.options[a, b]):
+                        e = table.entries[a, b, o, q]
                         pk = max(peak, held + e.local)
                         if pk > budget:
                             continue
                         nh, nt = held + e.held, t + e.time_s
-                        ns = spans + ((pts[a], pts[b], p),)
+                        ns = spans + ((pts[a], pts[b], p, save),)
                         ex = exact and e.exact
                         if b == last:
                             pk = max(pk, nh + e.tail_local)
                             if pk <= budget and (best is None or nt < best[0]):
                                 best = (nt, list(ns), pk, ex)
                         else:
-                            _insert(front.setdefault((b, p), []), (nh, nt, pk, ex, ns))
+                            _insert(front.setdefault((b, table.leaves(b, p, save)), []),
+                                    (nh, nt, pk, ex, ns))
     return best
 
 
@@ -175,15 +234,15 @@ def _insert(front: list, item: tuple) -> None:
     front.append(item)
 
 
-def _spans_merged(spans: list[tuple[int, int, str]]) -> Iterator[tuple[int, int, str]]:
+def _spans_merged(spans: list[tuple]) -> list[tuple]:
     """Adjacent keep regions are one keep region."""
     out: list[list] = []
-    for a, b, p in spans:
+    for a, b, p, save in spans:
         if out and p == KEEP and out[-1][2] == KEEP:
             out[-1][1] = b
         else:
-            out.append([a, b, p])
-    return (tuple(x) for x in out)
+            out.append([a, b, p, save])
+    return [tuple(x) for x in out]
 
 
 def min_feasible_bytes(table: RegionTable) -> int:
@@ -217,8 +276,9 @@ def dp(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
         return finish(graph, budget_bytes, None, solver="dp", started=started,
                       status=INFEASIBLE, min_feasible_bytes=min_feasible_bytes(table))
     t, spans, composed_peak, exact = found
-    schedule = Schedule.from_regions(graph, list(_spans_merged(spans)),
-                                     meta={"space": space})
+    schedule = Schedule.from_regions(graph, _spans_merged(spans),
+                                     meta={"space": space + "; keep, or recompute saving none, "
+                                                            "the slowest or two slowest nodes"})
     result = finish(graph, budget_bytes, schedule, solver="dp", started=started)
     proven = exact and result.estimate is not None and \
         result.estimate.peak_bytes == composed_peak
