@@ -88,7 +88,8 @@ class ReplayProbe:
             return None, 0, {}
         mem = _Mem(1, track=False)
         release: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        sim._replay(0, r, {"stop": sim.pos[savers[-1]]}, mem, defaultdict(lambda: -1), release)
+        info = {"stop": sim.pos[savers[-1]], "drop_last": _packs_first(g, savers[-1])}
+        sim._replay(0, r, info, mem, defaultdict(lambda: -1), release)
         return min(steps), mem.peak, {k: sum(b for b, _ in v) for k, v in release.items()}
 
 
@@ -159,7 +160,7 @@ class _Sim:
             burst = min(steps) if steps else None
             frame_end = max(self._bwd_done(n) for n in savers)
             rinfo[ri] = {"savers": savers, "burst": burst, "frame_end": frame_end,
-                         "stop": self.pos[savers[-1]]}
+                         "stop": self.pos[savers[-1]], "drop_last": _packs_first(g, savers[-1])}
 
         # -- when each forward storage is released -------------------------------------------
         # hold_until[sid]: backward step after which it dies (-1: dies in forward);
@@ -179,7 +180,9 @@ class _Sim:
             if (prod_r is not None and self.recompute[prod_r]
                     and st.producer in self.save[prod_r]):
                 info = rinfo[prod_r]
-                if info["burst"] is not None and self.pos[st.producer] <= info["stop"]:
+                replayed = self.pos[st.producer] < info["stop"] or (
+                    self.pos[st.producer] == info["stop"] and not info["drop_last"])
+                if info["burst"] is not None and replayed:
                     cached_in[sid] = prod_r  # until the replay pops it
                 else:  # never replayed: the cache lives as long as the region's frame
                     h = max(h, info["frame_end"])
@@ -284,10 +287,9 @@ class _Sim:
         t = 0.0
         at_end = 0  # bytes of replayed values alive until the replay ends
         frees: dict[str, int] = defaultdict(int)
-        last = g.node(members[-1])
-        if last.name not in r.save and not any(sv.source == last.name for sv in last.saved):
+        if info.get("drop_last"):
             # it saves only its inputs, which autograd packs before the op runs: the replay
-            # stops there, before the op allocates or takes any time
+            # stops there, before the op allocates, takes any time or, if cached, is popped
             members = members[:-1]
         for n in members:
             cached = n in r.save
@@ -317,6 +319,12 @@ class _Sim:
             mem.add(-frees.pop(n, 0), ri)
         mem.add(-(at_end + sum(frees.values())), ri)
         return t
+
+
+def _packs_first(g: CostGraph, name: str) -> bool:
+    """Whether a node saves only its inputs (nothing it produced), so that autograd packs all
+    it saves before its op runs."""
+    return not any(sv.source == name for sv in g.node(name).saved)
 
 
 @dataclass(frozen=True)
