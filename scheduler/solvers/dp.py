@@ -38,9 +38,9 @@ __all__ = ["chain_cuts", "dp", "RegionTable", "region_options", "save_candidates
 POLICIES = (KEEP, RECOMPUTE)
 
 
-def chain_cuts(graph: CostGraph) -> list[int]:
-    """Positions c (0 < c < n over ``graph.compute_nodes``) that at most one forward storage
-    crosses: produced before c and read or saved at or after c. O(storages + nodes)."""
+def _storage_spans(graph: CostGraph) -> tuple[int, list[tuple[int, int, str]]]:
+    """``(n, [(producer position, last position that reads or saves it, producer)])`` for
+    every forward storage, positions over ``graph.compute_nodes`` (loss nodes count as n)."""
     names = graph.compute_nodes
     n = len(names)
     idx = {name: i for i, name in enumerate(names)}
@@ -48,14 +48,23 @@ def chain_cuts(graph: CostGraph) -> list[int]:
     for node in graph.nodes:
         for u in node.inputs:
             users.setdefault(u, []).append(node.name)
-    crossing = [0] * (n + 2)
+    spans = []
     for st in graph.storages.values():
         p = idx.get(st.producer, n)
         readers = set(st.savers)
         if st.output:
             for v in (st.producer, *st.views):
                 readers.update(users.get(v, ()))
-        last = max((idx.get(r, n) for r in readers), default=p)
+        spans.append((p, max((idx.get(r, n) for r in readers), default=p), st.producer))
+    return n, spans
+
+
+def chain_cuts(graph: CostGraph) -> list[int]:
+    """Positions c (0 < c < n over ``graph.compute_nodes``) that at most one forward storage
+    crosses: produced before c and read or saved at or after c. O(storages + nodes)."""
+    n, spans = _storage_spans(graph)
+    crossing = [0] * (n + 2)
+    for p, last, _ in spans:
         if last > p:  # crosses every cut c with p < c <= last
             crossing[p + 1] += 1
             crossing[min(last, n) + 1] -= 1
@@ -150,24 +159,12 @@ class RegionTable:
 def _crossing_producers(graph: CostGraph, points: list[int]) -> dict[int, str | None]:
     """For each point index: the node that produced the activation crossing that cut (None
     at the ends or when nothing crosses)."""
-    names = graph.compute_nodes
-    idx = {name: i for i, name in enumerate(names)}
-    n = len(names)
-    users: dict[str, list[str]] = {}
-    for node in graph.nodes:
-        for u in node.inputs:
-            users.setdefault(u, []).append(node.name)
+    n, spans = _storage_spans(graph)
     out: dict[int, str | None] = {i: None for i in range(len(points))}
-    for st in graph.storages.values():
-        p = idx.get(st.producer, n)
-        readers = set(st.savers)
-        if st.output:
-            for v in (st.producer, *st.views):
-                readers.update(users.get(v, ()))
-        last = max((idx.get(r, n) for r in readers), default=p)
+    for p, last, producer in spans:
         for i, c in enumerate(points):
             if 0 < c < n and p < c <= last:
-                out[i] = st.producer
+                out[i] = producer
     return out
 
 
