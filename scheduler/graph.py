@@ -81,6 +81,10 @@ class Node:
     out_bytes: int = 0  # new storage its outputs allocate (views allocate 0)
     saved: tuple[Saved, ...] = ()
     shape: str = ""  # output shapes and dtypes, e.g. "f32[4,64,128]"; part of the fingerprint
+    # how many of its forward events (`CostGraph.fwd_events`) happen before autograd packs the
+    # last tensor it saves (saved inputs are packed before an op runs, saved outputs after):
+    # where a replay that stops at this node stops. None: not recorded (see `replay_mark`)
+    pack_mark: int | None = None
 
     @property
     def saved_bytes(self) -> int:
@@ -174,6 +178,17 @@ class CostGraph:
         only such nodes can be in a save set."""
         return any(kind == "a" for kind, _ in self.fwd_events.get(name, ()))
 
+    def replay_mark(self, name: str) -> int:
+        """How many of node ``name``'s forward events a replay that stops at it runs: its
+        recorded `Node.pack_mark`; for graphs without one, all of them if it saves a tensor it
+        produced (packed after the op runs), else none (its saved inputs are packed first)."""
+        node = self.node(name)
+        if node.pack_mark is not None:
+            return node.pack_mark
+        if any(sv.source == name for sv in node.saved):
+            return len(self.fwd_events.get(name, ()))
+        return 0
+
     def saved_bytes(self) -> int:
         """Bytes of the unique storages autograd saves in the step (parameters included)."""
         seen: dict[Any, int] = {}
@@ -215,6 +230,11 @@ class CostGraph:
                 if s.storage is not None and s.storage not in self.storages:
                     raise CostGraphError(
                         f"nodes[{n.name!r}].saved: unknown storage {s.storage}")
+            if n.pack_mark is not None and not (
+                    0 <= n.pack_mark <= len(self.fwd_events.get(n.name, ()))):
+                raise CostGraphError(
+                    f"nodes[{n.name!r}].pack_mark: {n.pack_mark} is not in [0, "
+                    f"{len(self.fwd_events.get(n.name, ()))}] (its number of forward events)")
         for sid, st in self.storages.items():
             for attr in ("producer", "last_use"):
                 if getattr(st, attr) not in names:
@@ -388,6 +408,6 @@ def _expect(where: str, v: Any, typ: type | tuple[type, ...]) -> Any:
 _NODE_TYPES: dict[str, type | tuple[type, ...]] = {
     "name": str, "op": str, "target": str, "inputs": list, "module_path": str, "block": str,
     "is_loss": bool, "time_s": (int, float), "bwd_time_s": (int, float), "out_bytes": int,
-    "saved": list, "shape": str,
+    "saved": list, "shape": str, "pack_mark": (int, type(None)),
 }
 

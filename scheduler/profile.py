@@ -86,6 +86,8 @@ class _Rec:
     fwd_events: dict[str, list[tuple[str, int]]] = field(default_factory=lambda: defaultdict(list))
     views: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
     saved: dict[str, dict[Any, Saved]] = field(default_factory=lambda: defaultdict(dict))
+    # node -> how many of its forward events came before its last saved-tensor pack
+    pack_mark: dict[str, int] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
     grad_bytes_end: int = 0
     shapes: dict[str, str] = field(default_factory=dict)
@@ -144,6 +146,9 @@ class _Recorder:
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         if self.phase == "f" and self.cur is not None:
+            # autograd packs an op's saved inputs before the op runs and its saved outputs
+            # after: a replay that stops at this pack has run exactly the events before it
+            self.rec.pack_mark[self.cur] = len(self.rec.fwd_events[self.cur])
             k = self.tracker.key(t)
             nbytes = t.untyped_storage().nbytes()
             if k in self.key2sid:
@@ -324,7 +329,7 @@ def _build(prog: Program, rec: _Rec, fwd_t: dict[str, float], bwd_t: list[float]
             module_path=path, block=block_of(path), is_loss=n.name in info.loss_nodes,
             time_s=fwd_t.get(n.name, 0.0), bwd_time_s=bwd_by_node.get(n.name, 0.0),
             out_bytes=out_bytes, saved=tuple(rec.saved.get(n.name, {}).values()),
-            shape=rec.shapes.get(n.name, ""),
+            shape=rec.shapes.get(n.name, ""), pack_mark=rec.pack_mark.get(n.name),
         ))
     steps = [BwdStep(s["node"], t, tuple(s["events"])) for s, t in zip(rec.steps, bwd_t)]
     return CostGraph(

@@ -15,8 +15,9 @@ storage whose last forward reader has run is freed unless something holds it:
 
 Backward, step by step as recorded (a schedule does not change the order or the gradients):
 the first step of a recompute region that unpacks a saved tensor replays the region's forward
-up to its last node that saves anything (PyTorch stops recomputation early there), allocating a
-new copy of each storage it computes; copies that the region's nodes saved stay alive until
+up to the moment autograd packs the last tensor the region saves (PyTorch stops recomputation
+early there: inside its last saver, before the op whose input that is, or after the op whose
+output it is; `CostGraph.replay_mark`), allocating a new copy of each storage it computes; copies that the region's nodes saved stay alive until
 their backward step, the rest die at their last reader in the replay. Then the step's recorded
 gradient allocations and frees happen, then the saved storages it was the last holder of die.
 
@@ -88,8 +89,8 @@ class ReplayProbe:
             return None, 0, {}
         mem = _Mem(1, track=False)
         release: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        info = {"stop": sim.pos[savers[-1]], "drop_last": _packs_first(g, savers[-1])}
-        sim._replay(0, r, info, mem, defaultdict(lambda: -1), release)
+        info = {"stop": sim.pos[savers[-1]], "mark": g.replay_mark(savers[-1])}
+        sim._replay(0, r, info, mem, defaultdict(lambda: -1), release, min(steps))
         return min(steps), mem.peak, {k: sum(b for b, _ in v) for k, v in release.items()}
 
 
@@ -160,7 +161,7 @@ class _Sim:
             burst = min(steps) if steps else None
             frame_end = max(self._bwd_done(n) for n in savers)
             rinfo[ri] = {"savers": savers, "burst": burst, "frame_end": frame_end,
-                         "stop": self.pos[savers[-1]], "drop_last": _packs_first(g, savers[-1])}
+                         "stop": self.pos[savers[-1]], "mark": g.replay_mark(savers[-1])}
 
         # -- when each forward storage is released -------------------------------------------
         # hold_until[sid]: backward step after which it dies (-1: dies in forward);
@@ -181,7 +182,7 @@ class _Sim:
                     and st.producer in self.save[prod_r]):
                 info = rinfo[prod_r]
                 replayed = self.pos[st.producer] < info["stop"] or (
-                    self.pos[st.producer] == info["stop"] and not info["drop_last"])
+                    self.pos[st.producer] == info["stop"] and self._before_mark(sid, info))
                 if info["burst"] is not None and replayed:
                     cached_in[sid] = prod_r  # until the replay pops it
                 else:  # never replayed: the cache lives as long as the region's frame
@@ -231,7 +232,7 @@ class _Sim:
             for ri in bursts.get(i, ()):
                 mem.phase = ri
                 region_s[ri] = self._replay(ri, self.regions[ri], rinfo[ri], mem, hold_until,
-                                            release)
+                                            release, i)
                 timeline.append((f"recompute {self.regions[ri].nodes[0]}", mem.cur))
             mem.phase = phase_of.get(step.node, R)
             for kind, gid, b in step.events:
@@ -270,9 +271,18 @@ class _Sim:
             out.update(self.users.get(v, ()))
         return out
 
+    def _before_mark(self, sid: int, info: dict[str, Any]) -> bool:
+        """Whether the stopping node of a region allocates storage ``sid`` before the replay
+        stops (see `CostGraph.replay_mark`)."""
+        st = self.g.storages[sid]
+        events = self.g.fwd_events.get(st.producer, ())
+        return any(kind == "a" and e == sid for kind, e in events[:info["mark"]])
+
     def _replay(self, ri: int, r: Region, info: dict[str, Any], mem: "_Mem",
-                hold_until: dict[int, int], release: dict[int, list[tuple[int, int]]]) -> float:
-        """Recompute region ``ri`` at its first backward unpack; returns its time.
+                hold_until: dict[int, int], release: dict[int, list[tuple[int, int]]],
+                step: int) -> float:
+        """Recompute region ``ri`` before backward step ``step`` (its first backward unpack);
+        returns its time.
 
         Non-save nodes allocate new copies; save-set nodes hand over the storages forward
         cached (no allocation, no time). Either way a value then lives until its holders'
@@ -287,15 +297,19 @@ class _Sim:
         t = 0.0
         at_end = 0  # bytes of replayed values alive until the replay ends
         frees: dict[str, int] = defaultdict(int)
-        if info.get("drop_last"):
-            # it saves only its inputs, which autograd packs before the op runs: the replay
-            # stops there, before the op allocates, takes any time or, if cached, is popped
-            members = members[:-1]
         for n in members:
             cached = n in r.save
+            events = g.fwd_events.get(n, ())
+            if self.pos[n] == stop:
+                # the last saver: the replay stops when autograd packs its last saved tensor;
+                # its events after that (ops whose inputs it saved, and later ones) never run
+                # and their cached outputs are not popped (held to the frame's end)
+                events = events[:info["mark"]]
+                if not events:
+                    continue
             if not cached:
                 t += g.node(n).time_s
-            for kind, sid in g.fwd_events.get(n, ()):
+            for kind, sid in events:
                 st = g.storages[sid]
                 held = [m for m in st.savers if m in region]
                 if kind == "f":
@@ -304,8 +318,11 @@ class _Sim:
                     continue
                 if not cached:
                     mem.add(st.bytes, ri)
-                if held or (cached and hold_until[sid] >= 0):
-                    h = max([self._bwd_done(m) for m in held] + [hold_until[sid] if cached else -1])
+                # a cached storage that something outside the region holds (a later recompute
+                # region's input) stays as long as that holder, unless it let go already
+                outer = hold_until[sid] if cached and hold_until[sid] >= step else -1
+                if held or outer >= 0:
+                    h = max([self._bwd_done(m) for m in held] + [outer])
                     release[h].append((st.bytes, ri))
                 elif st.inner_free:
                     pass  # freed by its recorded event
@@ -319,12 +336,6 @@ class _Sim:
             mem.add(-frees.pop(n, 0), ri)
         mem.add(-(at_end + sum(frees.values())), ri)
         return t
-
-
-def _packs_first(g: CostGraph, name: str) -> bool:
-    """Whether a node saves only its inputs (nothing it produced), so that autograd packs all
-    it saves before its op runs."""
-    return not any(sv.source == name for sv in g.node(name).saved)
 
 
 @dataclass(frozen=True)

@@ -94,15 +94,10 @@ def _random_schedule(g: Any, rnd: random.Random, *, saves: bool = True) -> Sched
 
 
 def _check_random_schedule(p: Profiled, seed: int, *, saves: bool = False) -> None:
-    """Without save sets: predicted within 3% of measured, both ways. With random save sets:
-    never under by more than 3% (a solved budget holds); the over side is a known gap, up to
-    4.3% seen (see `test_known_overprediction_with_save_sets_on_unet`)."""
     schedule = _random_schedule(p.graph, random.Random(seed), saves=saves)
     err, predicted, measured = p.error(schedule)
-    under = (measured - predicted) / measured
-    ok = under <= TOLERANCE if saves else err <= TOLERANCE
-    assert ok, (f"{p.name}: predicted {predicted}, measured {measured}\n"
-                f"{schedule.describe()}")
+    assert err <= TOLERANCE, (f"{p.name}: predicted {predicted}, measured {measured}\n"
+                              f"{schedule.describe()}")
 
 
 @pytest.mark.parametrize("name", ["mlp", "gpt", "unet"])
@@ -118,7 +113,7 @@ def test_random_schedules_predicted_peak_matches_measured(name: str, seed: int,
 @settings(max_examples=12, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**31 - 1))
-def test_random_save_set_schedules_never_under_predict(name: str, seed: int,
+def test_random_save_set_schedules_predicted_peak_matches_measured(name: str, seed: int,
                                                        profiled: Any) -> None:
     _check_random_schedule(profiled(name), seed, saves=True)
 
@@ -135,16 +130,50 @@ def test_many_random_schedules_predicted_peak_matches_measured(name: str, saves:
     _check_random_schedule(profiled(name), seed, saves=saves)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: with save sets the simulator can over-predict "
-                   "the peak by more than 3% (this U-Net schedule: 1,793,064 vs 1,719,336 B, "
-                   "+4.3%; without its save sets +0.5%); not yet explained")
-def test_known_overprediction_with_save_sets_on_unet(profiled: Any) -> None:
-    """Found by hypothesis in CI (seed 69711084); a strict xfail so that it is fixed, not
-    forgotten."""
+def _spans(schedule: Schedule) -> list[list[Any]]:
+    out, i = [], 0
+    for r in schedule.regions:
+        out.append([i, i + len(r.nodes), r.policy, sorted(r.save)])
+        i += len(r.nodes)
+    return out
+
+
+def test_cached_value_a_later_region_held_dies_at_its_replay(profiled: Any) -> None:
+    """A save-set node's output that a later recompute region takes as input: that region's
+    backward lets go of it before this region replays, so the replay pops the cache and the
+    value dies there. (Found by hypothesis, seed 69711084: predicted +4.3% when the simulator
+    kept it to the end.)"""
     p = profiled("unet")
-    schedule = _random_schedule(p.graph, random.Random(69711084))
-    err, predicted, measured = p.error(schedule)
-    assert err <= TOLERANCE, (predicted, measured)
+    g = p.graph
+    schedule = _random_schedule(g, random.Random(69711084))
+    spans = _spans(schedule)
+    bn = "model_up_2_conv_net_4"  # the last node of its region, read by the next region
+    (k,) = [i for i, sp in enumerate(spans) if bn in sp[3]]
+    assert spans[k][1] < len(g.compute_nodes) and spans[k + 1][2] == RECOMPUTE
+    for save in ([bn], []):
+        spans[k][3] = save
+        err, predicted, measured = p.error(Schedule.from_regions(g, [tuple(x) for x in spans]))
+        assert err <= TOLERANCE, (save, predicted, measured)
+
+
+def test_replay_stops_inside_the_last_saver(profiled: Any) -> None:
+    """Dropout saves its mask as the input of its final multiply, which autograd packs before
+    the multiply runs: a replay that stops there never runs the multiply, so a cached output
+    of it is never popped and stays until the region's backward ends. Recorded as the node's
+    `pack_mark`; the prediction is exact."""
+    p = profiled("gpt")
+    g = p.graph
+    drop = "model_transformer_h_1_mlp_dropout"
+    events = g.fwd_events[drop]
+    assert 0 < g.node(drop).pack_mark < len(events), (g.node(drop).pack_mark, events)
+    names = g.compute_nodes
+    i = names.index(drop)
+    # recompute [c_proj, dropout, add]: dropout is the region's last saver
+    for save in ([], [drop], [names[i - 1], drop]):
+        spans = [(0, i - 1, KEEP), (i - 1, i + 2, RECOMPUTE, save), (i + 2, len(names), KEEP)]
+        s = Schedule.from_regions(g, spans)
+        err, predicted, measured = p.error(s)
+        assert predicted == measured, (save, predicted, measured)
 
 
 def test_unscheduled_prediction_is_the_recorded_peak(profiled: Any) -> None:
