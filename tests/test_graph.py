@@ -390,3 +390,17 @@ def test_recorded_graphs_load(path: Path | None, tmp_path: Path) -> None:
     assert g.measured_peak_bytes >= g.base_bytes > 0
     g.save(tmp_path / "again.json")
     assert CostGraph.load(tmp_path / "again.json") == g
+
+
+def test_pack_mark_out_of_range(tmp_path: Path, good: dict[str, Any]) -> None:
+    """A node's pack_mark counts its own forward events: more than it has is an error that
+    names the node and the range; a valid one round-trips and drives `replay_mark`."""
+    name = good["nodes"][1]["name"]
+    n_events = len(good["fwd_events"].get(name, []))
+    good["nodes"][1]["pack_mark"] = n_events + 1
+    msg = load_error(tmp_path, good)
+    assert "pack_mark" in msg and name in msg and f"[0, {n_events}]" in msg
+    good["nodes"][1]["pack_mark"] = 0
+    g = CostGraph.from_dict(good)
+    assert g.node(name).pack_mark == 0 and g.replay_mark(name) == 0
+    assert CostGraph.from_dict(g.to_dict()).node(name).pack_mark == 0
