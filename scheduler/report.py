@@ -175,10 +175,10 @@ def plot_comparison(comparison: "Comparison", path: str | Path | None = None) ->
 
     One panel for the predictions and, when the comparison was measured, one for the
     measurements. Each strategy is a line through its points (one per budget; a schedule that
-    does not depend on the budget is one point); points that miss their budget are drawn
-    hollow; each budget is a dotted vertical line. Solved strategies (``auto``, ``dp``,
-    ``cpsat``) are black and on top. Strategies with no schedule at a budget have no point
-    there.
+    does not depend on the budget is one point); points that miss their budget (every
+    budget, for such a shared point) are drawn hollow; each budget is a dotted vertical line.
+    Solved strategies (``auto``, ``dp``, ``cpsat``) are black and on top. Strategies with no
+    schedule at a budget have no point there.
 
     Args:
         comparison: what `scheduler.compare` returned.
@@ -196,16 +196,18 @@ def plot_comparison(comparison: "Comparison", path: str | Path | None = None) ->
     colors = _colors(strategies)
     for ax, (kind, title) in zip(axes, panels):
         for strategy in strategies:
-            points = []
+            # (peak MiB, overhead %) -> fits; a schedule the budget does not change is one
+            # point for all budgets, hollow only when it misses every one of them
+            fits_at: dict[tuple[float, float], bool] = {}
             for row in comparison.rows:
                 peak = getattr(row, f"{kind}_peak_bytes")
                 over = getattr(row, f"{kind}_overhead")
                 if row.strategy == strategy and peak is not None and over is not None:
-                    fits = getattr(row, f"fits_{kind}")
-                    points.append((peak / _MIB, 100 * over, fits))
-            if not points:
+                    xy = (peak / _MIB, 100 * over)
+                    fits_at[xy] = fits_at.get(xy, False) or bool(getattr(row, f"fits_{kind}"))
+            if not fits_at:
                 continue
-            points.sort()
+            points = sorted((x, y, fits) for (x, y), fits in fits_at.items())
             solved = strategy in _SOLVED
             xs, ys, _ = zip(*points)
             ax.plot(xs, ys, marker="D" if solved else "o", color=colors[strategy],

@@ -175,6 +175,26 @@ def test_plot_has_a_series_per_strategy_and_the_budget_lines(compared, tmp_path)
         assert budget.get_xdata()[0] == pytest.approx(c.row("auto", "60%").budget_bytes / MIB)
 
 
+def test_plot_draws_hollow_exactly_the_points_that_miss_every_budget(compared):
+    c, _ = compared
+    fig = c.plot()
+    for ax, kind in zip(fig.axes, ("predicted", "measured")):
+        hollow = sorted((round(x, 9), round(y, 9)) for line in ax.get_lines()
+                        if line.get_label().startswith("_")
+                        and line.get_markerfacecolor() == "white"
+                        for x, y in zip(line.get_xdata(), line.get_ydata()))
+        points: dict[tuple[str, float, float], bool] = {}
+        for r in c.rows:
+            key = (r.strategy, round(getattr(r, f"{kind}_peak_bytes") / MIB, 9),
+                   round(100 * getattr(r, f"{kind}_overhead"), 9))
+            points[key] = points.get(key, False) or getattr(r, f"fits_{kind}")
+        expect = sorted((x, y) for (_, x, y), fits in points.items() if not fits)
+        assert hollow == expect and expect  # none misses both budgets
+        # sqrt fits 90% and misses 60% with one schedule: one point, filled
+        (sqrt,) = [k[1:] for k in points if k[0] == "sqrt"]
+        assert sqrt not in hollow
+
+
 def test_predictions_only(mlp):
     model, inputs = mlp
     c = compare(model, inputs, budgets="60%", strategies=["auto", "greedy"], measure=False,
