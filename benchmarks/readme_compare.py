@@ -26,14 +26,17 @@ COMMAND = "scheduler compare examples/gpt.py:build --budget 70% --budget 50% --p
 
 def section(markdown: str, comparison) -> str:  # noqa: ANN001 - a Comparison
     """The README text between the markers."""
+    import torch
+
     from scheduler.units import format_bytes, format_seconds
 
     ref = comparison.reference
     return (f"{BEGIN}\n```bash\n{COMMAND}\n```\n\n"
             f"{comparison.model} on {comparison.device}; unscheduled: predicted peak "
             f"{format_bytes(comparison.unconstrained_peak_bytes)}, measured step "
-            f"{format_seconds(ref.step_s)}. Fits is predicted / measured; overheads are over "
-            f"`none`; the measured ones are median step times from one run.\n\n"
+            f"{format_seconds(ref.step_s)} ({torch.get_num_threads()} torch thread(s)). Fits is "
+            f"predicted / measured; overheads are over `none`; the measured ones are median "
+            f"step times from one run.\n\n"
             f"{markdown}\n\n![overhead against peak memory](docs/compare_gpt.png)\n{END}")
 
 
@@ -46,7 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", type=Path, default=None,
                         help="replace the section between the markers in this README")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: steadier on a shared machine)")
     args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
 
     import scheduler
     from examples.gpt import build
