@@ -402,6 +402,16 @@ def _names(values: list[str] | None) -> list[str] | None:
     return names
 
 
+def _add_json_and_quiet(parser: argparse.ArgumentParser) -> None:
+    """``--json PATH`` (the rows) and ``--quiet`` (no progress bar, no table)."""
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help="write the rows as JSON")
+    parser.add_argument(
+        "--quiet", action="store_true",
+        help="print no progress bar and no table; errors still go to stderr",
+    )
+
+
 # ---------------------------------------------------------------------------- compare
 
 _COMPARE_EPILOG = """\
@@ -450,14 +460,9 @@ def _add_compare(subparsers: Any) -> None:
     )
     parser.add_argument("--plot", type=Path, default=None, metavar="PNG",
                         help="write overhead against peak memory per strategy as a PNG")
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
-                        help="write the rows as JSON")
     parser.add_argument("--csv", type=Path, default=None, metavar="PATH",
                         help="write the rows as CSV")
-    parser.add_argument(
-        "--quiet", action="store_true",
-        help="print no progress bar and no table; errors still go to stderr",
-    )
+    _add_json_and_quiet(parser)
     parser.set_defaults(func=_cmd_compare)
 
 
@@ -542,12 +547,7 @@ def _add_bench(subparsers: Any) -> None:
         "--time-limit", type=_positive_float, default=10.0, metavar="SECONDS",
         help="each solver's time limit in seconds (default: 10)",
     )
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
-                        help="write the rows as JSON")
-    parser.add_argument(
-        "--quiet", action="store_true",
-        help="print no progress bar and no table; errors still go to stderr",
-    )
+    _add_json_and_quiet(parser)
     parser.set_defaults(func=_cmd_bench)
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from scheduler import cli
 from scheduler.bench import BenchRow, _judge, bench, verdict
 from scheduler.graph import CostGraph
 from scheduler.solvers import get_solver
