@@ -3,15 +3,17 @@
 The model is traced and profiled once; every strategy is solved on that one `CostGraph` for
 every budget; each distinct schedule is rewritten and measured once (a schedule that does not
 depend on the budget, such as ``every_block``, is measured once for all budgets), all in the
-same process one after another, so the timings are comparable. The unscheduled step (``none``)
-is always measured too: it is the reference for measured overheads.
+same process, in rounds of one timed step per schedule, so that the timings are comparable
+(load from elsewhere slows every schedule alike). The unscheduled step (``none``) is always
+measured too: it is the reference for measured overheads.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -185,7 +187,8 @@ def compare(model: nn.Module, example_inputs: Sequence[Any], *,
         measure: run and measure each schedule (False: predictions only, much faster).
         loss_fn: ``loss_fn(output) -> scalar``; default `trace.default_loss_recipe`.
         time_limit_s: each solver's time limit.
-        repeats: timed steps when profiling and when measuring each schedule.
+        repeats: timed steps when profiling, and rounds of measurement (one timed step of
+            every schedule per round; the median is kept).
         progress: show a progress bar on stderr.
 
     Returns:
@@ -241,12 +244,10 @@ def compare(model: nn.Module, example_inputs: Sequence[Any], *,
             distinct = {_key(r.schedule): r.schedule for *_, r in solved if r.schedule}
             none = Schedule.none(graph)
             todo = {_key(none): none, **distinct}  # the reference first
-            step(total=1 + n_solves + len(todo))
-            for i, (key, schedule) in enumerate(todo.items()):
-                step(f"measuring schedule {i + 1}/{len(todo)} ({schedule.solver or 'none'})")
-                measured[key] = measure_module(rewrite(gm, schedule, model), inputs,
-                                               repeats=repeats)
-                step(advance=1)
+            step(total=1 + n_solves + repeats * len(todo))
+            measured = _measure_round_robin(
+                {key: rewrite(gm, schedule, model) for key, schedule in todo.items()},
+                inputs, repeats=repeats, step=step)
             reference = measured[_key(none)]
 
     rows = [_row(s, budget, budget_bytes, r,
@@ -255,6 +256,26 @@ def compare(model: nn.Module, example_inputs: Sequence[Any], *,
     return Comparison(rows=rows, model=type(model).__name__,
                       device=str(graph.meta.get("device", "cpu")),
                       unconstrained_peak_bytes=unconstrained, reference=reference, graph=graph)
+
+
+def _measure_round_robin(modules: dict[Any, nn.Module], inputs: tuple[Any, ...], *,
+                         repeats: int, step: Callable[..., None]) -> dict[Any, Measurement]:
+    """Measure every module in ``repeats`` rounds of one timed step each, so that a burst of
+    load from elsewhere on the machine slows all of them alike rather than one; each module's
+    step time is the median over its rounds and its peak the largest (on CPU every round's
+    peak is the same)."""
+    runs: dict[Any, list[Measurement]] = {key: [] for key in modules}
+    for i in range(repeats):
+        for j, (key, module) in enumerate(modules.items()):
+            step(f"measuring: round {i + 1}/{repeats}, schedule {j + 1}/{len(modules)}")
+            runs[key].append(measure_module(module, inputs, repeats=1, warmup=int(i == 0)))
+            step(advance=1)
+    out = {}
+    for key, ms in runs.items():
+        times = tuple(t for m in ms for t in m.step_s_all)
+        out[key] = replace(ms[0], peak_bytes=max(m.peak_bytes for m in ms),
+                           step_s=statistics.median(times), step_s_all=times)
+    return out
 
 
 def _key(schedule: Schedule | None) -> Any:

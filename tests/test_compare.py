@@ -268,3 +268,24 @@ def test_plot_timeline_needs_a_timeline():
     with pytest.raises(ValueError, match="no timeline"):
         report.plot_timeline(Estimate(peak_bytes=1, step_s=1.0, recompute_s=0.0, overhead=0.0,
                                       forward_peak_bytes=1))
+
+
+def test_round_robin_measurement_keeps_every_rounds_time_and_the_peak():
+    import statistics
+
+    import torch
+
+    from scheduler.compare import _measure_round_robin
+
+    torch.manual_seed(0)
+    modules = {"small": torch.nn.Linear(8, 8), "wide": torch.nn.Linear(8, 64)}
+    x = torch.randn(16, 8)
+    calls = []
+    out = _measure_round_robin(modules, (x,), repeats=3,
+                               step=lambda *a, **k: calls.append(k.get("advance", 0)))
+    assert sum(calls) == 3 * len(modules)
+    for key, module in modules.items():
+        m = out[key]
+        assert len(m.step_s_all) == 3 and m.step_s == statistics.median(m.step_s_all)
+        assert m.peak_bytes == scheduler.measure(module, (x,), repeats=1).peak_bytes
+    assert out["wide"].peak_bytes > out["small"].peak_bytes
