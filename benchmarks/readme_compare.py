@@ -13,6 +13,7 @@ machine is: run it on an idle one.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -36,7 +37,9 @@ def section(markdown: str, comparison) -> str:  # noqa: ANN001 - a Comparison
             f"{format_bytes(comparison.unconstrained_peak_bytes)}, measured step "
             f"{format_seconds(ref.step_s)} ({torch.get_num_threads()} torch thread(s)). Fits is "
             f"predicted / measured; overheads are over `none`; the measured ones are median "
-            f"step times from one run.\n\n"
+            f"step times from one run, on a machine with load average "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at the end (other work slows "
+            f"the steps unevenly: read small or negative measured overheads as noise).\n\n"
             f"{markdown}\n\n![overhead against peak memory](docs/compare_gpt.png)\n{END}")
 
 
