@@ -190,7 +190,7 @@ def plot_comparison(comparison: "Comparison", path: str | Path | None = None) ->
     """
     measured = comparison.reference is not None
     panels = [("predicted", "predicted")] + ([("measured", "measured")] if measured else [])
-    fig = _figure(figsize=(6.0 * len(panels), 4.6), layout="constrained")
+    fig = _figure(figsize=(5.5 * len(panels) + 1.4, 4.6), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     strategies = list(dict.fromkeys(row.strategy for row in comparison.rows))
     colors = _colors(strategies)
@@ -232,8 +232,9 @@ def plot_comparison(comparison: "Comparison", path: str | Path | None = None) ->
     handles, labels = axes[-1].get_legend_handles_labels()
     keep = [(h, lbl) for h, lbl in zip(handles, labels) if not lbl.startswith("budget ")]
     if keep:
-        axes[-1].legend(*zip(*keep), fontsize=7, loc="upper right",
-                        title="hollow: misses its budget", title_fontsize=7)
+        # outside the panels, so it hides no point
+        fig.legend(*zip(*keep), fontsize=7, loc="outside right upper",
+                   title="hollow: misses\nits budget", title_fontsize=7)
     _save(fig, path)
     return fig
 
