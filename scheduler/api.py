@@ -87,6 +87,27 @@ class Plan:
         """Write the schedule as JSON, to re-apply later with `scheduler.apply`."""
         self.schedule.save(path)
 
+    def plot_timeline(self, path: str | Path | None = None, *, title: str = "") -> Any:
+        """Plot the predicted live memory over one training step (forward, recompute bursts,
+        backward) against the budget, see `report.plot_timeline`.
+
+        Only the prediction (`simulate`'s timeline) is drawn: a measured timeline would need
+        a per-event trace of the real step, which `measure` does not record.
+
+        Args:
+            path: where to write the PNG; None to only build the figure.
+            title: the axes title (default: the solver, status and overhead).
+
+        Returns:
+            The matplotlib ``Figure``.
+        """
+        from .report import plot_timeline
+
+        e = self.estimate
+        title = title or (f"{self.result.solver} ({self.status}): predicted memory over one "
+                          f"step, recompute {format_seconds(e.recompute_s)} (+{e.overhead:.1%})")
+        return plot_timeline(e, path, budget_bytes=self.budget_bytes, title=title)
+
     def summary(self) -> str:
         """A few lines: status, budget, predicted peak, recompute time, regions."""
         e = self.estimate

@@ -2,8 +2,8 @@
 
 Each verb is one ``_add_<verb>(subparsers)`` function that builds its parser and sets
 ``func`` to a ``_cmd_<verb>(args) -> int``; ``_VERBS`` lists the registered ones. Only verbs
-that work are registered: ``profile``, ``solve`` and ``apply``. Still to come, from DESIGN.md:
-``compare``, ``advise`` and ``bench``; each will follow the same pattern and reuse
+that work are registered: ``profile``, ``solve``, ``apply``, ``compare`` and ``bench``. Still
+to come, from DESIGN.md: ``advise``; it will follow the same pattern and reuse
 ``_add_model_spec``.
 
 Errors a user can fix (a bad MODEL_SPEC, a bad value, a missing file) print one line,
@@ -371,10 +371,215 @@ def _print_measured(schedule: Any, measured: Any) -> None:
     Console().print(table)
 
 
+# ---------------------------------------------------------------------------- output paths
+
+
+def _prepare_out(path: Path | None, flag: str, example: str) -> None:
+    """Make ``path``'s folder and refuse a directory, before any long work starts."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} is a directory; give a file path such as "
+                         f"{str(path / example)!r}")
+
+
+def _need_matplotlib(flag: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ValueError(f"{flag} needs matplotlib, which is not installed: pip install "
+                         "matplotlib (or pip install -e '.[plot]'), or leave out " + flag)
+
+
+def _names(values: list[str] | None) -> list[str] | None:
+    """Repeated and comma-separated names (``--strategy auto,greedy --strategy sqrt``)."""
+    if values is None:
+        return None
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    if not names:
+        raise ValueError("--strategy/--solver was given without a name; e.g. --strategy auto")
+    return names
+
+
+def _add_json_and_quiet(parser: argparse.ArgumentParser) -> None:
+    """``--json PATH`` (the rows) and ``--quiet`` (no progress bar, no table)."""
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help="write the rows as JSON")
+    parser.add_argument(
+        "--quiet", action="store_true",
+        help="print no progress bar and no table; errors still go to stderr",
+    )
+
+
+# ---------------------------------------------------------------------------- compare
+
+_COMPARE_EPILOG = """\
+examples:
+  scheduler compare examples/gpt.py:build --budget 50% --plot gpt.png --json gpt.json
+  scheduler compare examples/unet.py:build --budget 70% --budget 50% --csv unet.csv
+  scheduler compare examples/mlp.py:build --budget 60% --strategy auto,greedy --no-measure
+
+Every strategy is solved on one profile of the model; with measuring on, each distinct
+schedule is rewritten and measured once, in the same run as the unscheduled step that
+measured overheads refer to. A strategy that misses a budget is a row marked NO, not an
+error; a budget that no schedule at all fits is an error naming the smallest feasible one.
+"""
+
+
+def _add_compare(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "compare",
+        help="compare the solved schedule with every baseline, predicted and measured",
+        description="Profile the model once, solve every strategy (default: auto and every\n"
+        "baseline) at every budget, rewrite and measure each schedule, and print one table:\n"
+        "predicted and measured peak memory, step time and overhead over no checkpointing.",
+        epilog=_COMPARE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_model_spec(parser)
+    parser.add_argument(
+        "--budget", action="append", required=True, metavar="BUDGET",
+        help="a budget (repeat for several): '6GiB', '512MB', '1.5e9' bytes, or '50%%' / '0.5' "
+        "of the unscheduled predicted peak",
+    )
+    parser.add_argument(
+        "--strategy", action="append", default=None, metavar="NAME",
+        help="a solver name (repeat, or separate with commas); default: auto, none, "
+        "every_block, sqrt, uniform:2, uniform:4, greedy, knapsack",
+    )
+    parser.add_argument("--no-measure", action="store_true",
+                        help="predictions only: do not run the schedules")
+    parser.add_argument(
+        "--time-limit", type=_positive_float, default=30.0, metavar="SECONDS",
+        help="each solver's time limit in seconds (default: 30)",
+    )
+    parser.add_argument(
+        "--repeats", type=_positive_int, default=3, metavar="N",
+        help="timed steps when profiling and when measuring each schedule (default: 3)",
+    )
+    parser.add_argument("--plot", type=Path, default=None, metavar="PNG",
+                        help="write overhead against peak memory per strategy as a PNG")
+    parser.add_argument("--csv", type=Path, default=None, metavar="PATH",
+                        help="write the rows as CSV")
+    _add_json_and_quiet(parser)
+    parser.set_defaults(func=_cmd_compare)
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from scheduler.api import _budget_spec
+    from scheduler.compare import compare
+    from scheduler.solvers import get_solver
+
+    # Fail on a bad budget, strategy or destination now, not after minutes of profiling.
+    for budget in args.budget:
+        _budget_spec(budget)
+    strategies = _names(args.strategy)
+    for name in strategies or ():
+        get_solver(name)
+    if args.plot is not None:
+        _need_matplotlib("--plot")
+    _prepare_out(args.plot, "--plot", "compare.png")
+    _prepare_out(args.json, "--json", "compare.json")
+    _prepare_out(args.csv, "--csv", "compare.csv")
+
+    model, inputs, loss_fn = load_factory(args.model_spec)
+    comparison = compare(model, inputs, budgets=args.budget, strategies=strategies,
+                         measure=not args.no_measure, loss_fn=loss_fn,
+                         time_limit_s=args.time_limit, repeats=args.repeats,
+                         progress=not args.quiet)
+    written = []
+    if args.json is not None:
+        comparison.to_json(args.json)
+        written.append(args.json)
+    if args.csv is not None:
+        comparison.to_csv(args.csv)
+        written.append(args.csv)
+    if args.plot is not None:
+        comparison.plot(args.plot)
+        written.append(args.plot)
+    if not args.quiet:
+        from scheduler.report import console as make_console
+
+        console = make_console()
+        console.print(comparison.table())
+        for path in written:
+            console.print(f"wrote {path}", soft_wrap=True, markup=False, highlight=False)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------- bench
+
+_BENCH_EPILOG = """\
+examples:
+  scheduler bench graphs/*.json
+  scheduler bench graphs/gpt.json --budget 50% --budget 30% --solver dp,cpsat,greedy
+  scheduler bench graphs/unet.json --time-limit 5 --json bench.json
+
+Runs no model: each CostGraph file was recorded by 'scheduler profile'. 'ok' says whether an
+exact solver's recompute time is at or below every baseline's that fits. Solve times depend
+on how busy the machine is; compare them within one run.
+"""
+
+
+def _add_bench(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="solver speed and quality on recorded CostGraph files (no model run)",
+        description="Run every solver on recorded CostGraph JSON files at several budgets and\n"
+        "print status, predicted recompute time and peak, and solve time.",
+        epilog=_BENCH_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("graphs", nargs="+", type=Path, metavar="GRAPH",
+                        help="CostGraph JSON files written by 'scheduler profile'")
+    parser.add_argument(
+        "--budget", action="append", default=None, metavar="BUDGET",
+        help="a budget (repeat for several; default: 90%%, 70%%, 50%%, 30%%); fractions refer "
+        "to each graph's unscheduled predicted peak",
+    )
+    parser.add_argument(
+        "--solver", action="append", default=None, metavar="NAME",
+        help="a solver name (repeat, or separate with commas); default: dp, cpsat, auto and "
+        "every baseline",
+    )
+    parser.add_argument(
+        "--time-limit", type=_positive_float, default=10.0, metavar="SECONDS",
+        help="each solver's time limit in seconds (default: 10)",
+    )
+    _add_json_and_quiet(parser)
+    parser.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import json
+
+    from scheduler.bench import BASELINES, BUDGETS, EXACT, bench, bench_table, verdict
+    from scheduler.graph import CostGraph
+
+    _prepare_out(args.json, "--json", "bench.json")
+    graphs = [(path.stem, CostGraph.load(path)) for path in args.graphs]
+    rows = bench(graphs, budgets=args.budget or BUDGETS,
+                 solvers=_names(args.solver) or (*EXACT, *BASELINES),
+                 time_limit_s=args.time_limit, progress=not args.quiet)
+    if args.json is not None:
+        args.json.write_text(json.dumps([r.to_dict() for r in rows], indent=2) + "\n")
+    if not args.quiet:
+        from scheduler.report import console as make_console
+
+        console = make_console()
+        console.print(bench_table(rows))
+        console.print(verdict(rows), markup=False, highlight=False)
+        if args.json is not None:
+            console.print(f"wrote {args.json}", soft_wrap=True, markup=False, highlight=False)
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------- parser and main
 
 # Registration functions for the verbs that work today; append new verbs here.
-_VERBS: tuple[Callable[[Any], None], ...] = (_add_profile, _add_solve, _add_apply)
+_VERBS: tuple[Callable[[Any], None], ...] = (_add_profile, _add_solve, _add_apply, _add_compare,
+                                              _add_bench)
 
 
 def _version() -> str:
@@ -394,7 +599,9 @@ def build_parser() -> argparse.ArgumentParser:
         "whose peak memory fits a budget.",
         epilog="example:\n  scheduler profile examples/gpt.py:build --out graphs/gpt.json\n"
         "  scheduler solve examples/gpt.py:build --budget 60% --out gpt.schedule.json\n"
-        "  scheduler apply examples/gpt.py:build gpt.schedule.json\n\n"
+        "  scheduler apply examples/gpt.py:build gpt.schedule.json\n"
+        "  scheduler compare examples/gpt.py:build --budget 50% --plot gpt.png\n"
+        "  scheduler bench graphs/*.json\n\n"
         "Run 'scheduler VERB --help' for a verb's options.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
