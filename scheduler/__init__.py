@@ -1,13 +1,17 @@
 """scheduler: optimal activation-checkpointing schedules for PyTorch models."""
+from .advise import Advice, advise
 from .api import InfeasibleBudgetError, Plan, apply, parse_budget, solve, solve_graph
 from .graph import CostGraph, CostGraphError
-from .measure import Measurement, measure
+from .max_batch import MaxBatch, max_batch
+from .measure import Measurement, StepBreakdown, measure, measure_training_step
 from .profile import profile
 from .schedule import Region, Schedule, ScheduleError
 from .simulate import Estimate, simulate
 from .trace import TraceError, trace
 
-__all__ = ["CostGraph", "CostGraphError", "Estimate", "InfeasibleBudgetError", "Measurement",
-           "Plan", "Region", "Schedule", "ScheduleError", "TraceError", "apply", "measure",
-           "parse_budget", "profile", "simulate", "solve", "solve_graph", "trace"]
+__all__ = ["Advice", "CostGraph", "CostGraphError", "Estimate", "InfeasibleBudgetError",
+           "MaxBatch", "Measurement", "Plan", "Region", "Schedule", "ScheduleError",
+           "StepBreakdown", "TraceError", "advise", "apply", "max_batch", "measure",
+           "measure_training_step", "parse_budget", "profile", "simulate", "solve",
+           "solve_graph", "trace"]
 __version__ = "0.1.0"
