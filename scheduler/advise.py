@@ -22,7 +22,7 @@ from __future__ import annotations
 import io
 import json
 import numbers
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -38,8 +38,8 @@ from .simulate import Estimate, simulate
 from .trace import _as_tuple, trace
 from .units import format_bytes, format_seconds, parse_bytes
 
-__all__ = ["Advice", "Option", "advise", "check_headroom", "parse_memory", "recommend",
-           "accumulated_peak"]
+__all__ = ["Advice", "Option", "accumulation_graph", "advise", "check_headroom",
+           "parse_memory", "recommend"]
 
 #: Recommendation kinds, in the order `recommend` considers them.
 FITS, CHECKPOINT, ACCUMULATE, ACCUMULATE_CHECKPOINT, BEYOND = (
@@ -103,7 +103,8 @@ class Advice:
         chosen: the recommended option, if any.
         measured: for a recommended checkpointed option, its plan measured:
             ``predicted_overhead``, ``measured_overhead``, ``predicted_peak_bytes``,
-            ``measured_peak_bytes`` (optimizer state included).
+            ``measured_peak_bytes`` (optimizer state included, and for accumulation the
+            gradients held from earlier micro-batches).
         plan_module: the recommended option's checkpointed module (not exported to JSON).
     """
 
@@ -220,31 +221,23 @@ def check_headroom(headroom: Any) -> float:
     return float(headroom)
 
 
-def accumulated_peak(graph: CostGraph, estimate: Estimate) -> int:
-    """Predicted peak of a micro-batch step that starts with every gradient alive (gradient
-    accumulation after the first micro-batch): the estimate's timeline plus, at each point, the
-    gradients not yet produced by then (and the one being added into, which is momentarily
-    alive twice)."""
-    final: dict[int, tuple[int, int]] = {}  # gradient id -> (backward step, bytes)
-    for i, step in enumerate(graph.bwd_steps):
+def accumulation_graph(graph: CostGraph) -> CostGraph:
+    """The graph of a gradient-accumulation micro-step after the first: every gradient the
+    step leaves behind is alive from the start (counted with the base bytes), and where
+    backward produces one, it is added into the old one and freed (both alive for a moment),
+    as ``AccumulateGrad`` does. Simulating or solving it predicts accumulation's peak."""
+    final: dict[int, int] = {}  # gradient id -> bytes, for those alive after backward
+    for step in graph.bwd_steps:
         for kind, gid, b in step.events:
             if kind == "a":
-                final[gid] = (i, b)
+                final[gid] = b
             else:
                 final.pop(gid, None)
-    later = [0] * (len(graph.bwd_steps) + 1)  # bytes of gradients produced at step >= i
-    for i, b in final.values():
-        later[i] += b
-    for i in range(len(later) - 2, -1, -1):
-        later[i] += later[i + 1]
-    n_fwd = len(graph.nodes)
-    peak, step = 0, 0
-    for j, (label, live) in enumerate(estimate.timeline):
-        extra = later[0] if j < n_fwd else later[min(step, len(later) - 1)]
-        peak = max(peak, live + extra)
-        if j >= n_fwd and label.startswith("bwd "):
-            step += 1
-    return max(peak, estimate.peak_bytes)
+    steps = [replace(step, events=step.events + tuple(
+        ("f", gid, 0) for kind, gid, _ in step.events if kind == "a" and gid in final))
+        for step in graph.bwd_steps]
+    return replace(graph, bwd_steps=steps, buffer_bytes=graph.buffer_bytes + sum(final.values()),
+                   meta={**graph.meta, "accumulation": True})
 
 
 def recommend(options: Sequence[Option]) -> tuple[str, Option | None]:
@@ -399,10 +392,10 @@ class _Pricer:
                        g1.measured_step_s + opt_s, False)
         out = [as_is, self._checkpointed(1, batch, g1, opt_s, opt_peak)]
         for k in ks:
-            _, g, _ = self._graph(k)
+            g = accumulation_graph(self._graph(k)[1])
             size = batch // k if batch else None
             est = simulate(g, Schedule.none(g))
-            peak = max(accumulated_peak(g, est) + self.state, opt_peak)
+            peak = max(est.peak_bytes + self.state, opt_peak)
             out.append(Option(f"accumulate {k}", k, size, False, peak,
                               k * g.measured_step_s + opt_s, peak <= self.usable))
             if not out[-1].fits:  # where it fits, checkpointing could only add time
@@ -411,34 +404,21 @@ class _Pricer:
 
     def _checkpointed(self, k: int, size: int | None, g: CostGraph, opt_s: float,
                       opt_peak: int) -> Option:
-        """The optimal plan for micro-batch count ``k`` whose peak, with the optimizer state
-        (and for k > 1 the accumulated gradients), fits; else the smallest peak reachable."""
+        """The optimal plan for micro-batch count ``k`` (``g`` is its accumulation graph for
+        k > 1) whose peak with the optimizer state fits; else the smallest peak reachable."""
         name = "checkpoint" if k == 1 else f"accumulate {k} + checkpoint"
         target = self.usable - self.state
-        peak_of = (lambda e: e.peak_bytes) if k == 1 else (lambda e: accumulated_peak(g, e))
-        budget, result = target, None
-        for _ in range(4):  # accumulated gradients add to the solved peak: shrink and retry
-            if budget < 1:
-                break
-            try:
-                result = solve_graph(g, budget, solver=self.solver,
-                                     time_limit_s=self.time_limit_s)
-            except InfeasibleBudgetError:
-                result = None
-                break
-            excess = peak_of(result.estimate) - target
-            if excess <= 0:
-                break
-            budget, result = budget - excess, None
-        if result is None:  # nothing fits: report the least peak a schedule reaches
-            floor = _min_peak_result(g, self.solver, self.time_limit_s)
-            peak = max(peak_of(floor.estimate) + self.state, opt_peak)
-            return Option(name, k, size, True, peak,
-                          k * floor.estimate.step_s + opt_s, False,
-                          floor.estimate.overhead, "no schedule fits")
+        try:
+            if target < 1:
+                raise InfeasibleBudgetError("", budget_bytes=target, min_feasible_bytes=0)
+            result = solve_graph(g, target, solver=self.solver, time_limit_s=self.time_limit_s)
+        except InfeasibleBudgetError:  # nothing fits: report the least peak a schedule reaches
+            floor = _min_peak_result(g, self.solver, self.time_limit_s).estimate
+            return Option(name, k, size, True, max(floor.peak_bytes + self.state, opt_peak),
+                          k * floor.step_s + opt_s, False, floor.overhead, "no schedule fits")
         est = result.estimate
         self.schedules[name] = result.schedule
-        peak = max(peak_of(est) + self.state, opt_peak)
+        peak = max(est.peak_bytes + self.state, opt_peak)
         return Option(name, k, size, True, peak, k * est.step_s + opt_s,
                       peak <= self.usable, est.overhead)
 
@@ -452,11 +432,13 @@ class _Pricer:
         repeats = max(3, self.repeats)
         plain = measure(self.model, inputs, loss_fn=self.loss_fn, repeats=repeats)
         m = measure(module, inputs, repeats=repeats)
+        # a micro-step after the first also holds the gradients accumulated so far
+        held = g.grad_bytes if chosen.micro_batches > 1 else 0
         return module, {
             "predicted_overhead": chosen.overhead,
             "measured_overhead": m.step_s / plain.step_s - 1,
             "predicted_peak_bytes": chosen.predicted_peak_bytes,
-            "measured_peak_bytes": m.peak_bytes + self.state,
+            "measured_peak_bytes": m.peak_bytes + self.state + held,
         }
 
 
