@@ -287,6 +287,13 @@ class _Search:
             else:
                 hi = g
         step = 1
+        while hi is not None and hi - lo > 1:  # gallop down from a failed guess
+            n = max(lo + 1, hi - step)
+            if self.probe(n).fits:
+                lo = n
+                break
+            hi, step = n, step * 2
+        step = 1
         while hi is None:  # gallop up
             n = lo + step
             if n > limit:
