@@ -106,6 +106,8 @@ class Advice:
             ``measured_peak_bytes`` (optimizer state included, and for accumulation the
             gradients held from earlier micro-batches).
         plan_module: the recommended option's checkpointed module (not exported to JSON).
+        schedules: each checkpointed option's `Schedule` that fits, by option name (not
+            exported to JSON; ``scheduler.apply`` runs one on the model at that micro-batch).
     """
 
     device_memory_bytes: int
@@ -121,6 +123,7 @@ class Advice:
     chosen: Option | None = None
     measured: dict[str, Any] | None = None
     plan_module: nn.Module | None = field(default=None, repr=False)
+    schedules: dict[str, Schedule] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (bytes as ints, times in seconds), for JSON."""
@@ -326,6 +329,7 @@ def advise(model: nn.Module, example_inputs: Sequence[Any], *, device_memory: in
     options = pricer.options(batch, ks)
     kind, chosen = recommend(options)
     advice.options, advice.recommendation, advice.chosen = options, kind, chosen
+    advice.schedules = dict(pricer.schedules)
     over = bd.peak_bytes - usable
     if chosen is None:
         best = min(options, key=lambda o: o.predicted_peak_bytes)
