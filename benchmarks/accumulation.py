@@ -4,7 +4,8 @@ On the GPT example, `advise` is run with a device memory the step does not fit, 
 prices checkpointing alone and gradient accumulation over 2, 4, ... micro-batches with and
 without checkpointing. Each option is then run for real: a training loop over the same logical
 batch (``k`` micro-batches, forward + backward each, then one AdamW step), with the option's
-checkpointed module where it has one, timed as the median of ``--repeats`` logical batches.
+checkpointed module where it has one, timed in turns with the other options, as the median of
+``--repeats`` logical batches.
 The table shows predicted and measured time side by side with their ranks, and Kendall's tau
 between the two rankings (1.0: the same order). Nothing is asserted: this is for eyes.
 
@@ -22,7 +23,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `examples` is not an installed package
@@ -31,9 +32,10 @@ if str(ROOT) not in sys.path:  # `examples` is not an installed package
 GPT = dict(batch=16, block_size=64, n_layer=4, n_head=4, n_embd=64, vocab_size=256)
 
 
-def run_option(model: Any, inputs: tuple[Any, ...], option: Any, schedule: Any,
-               repeats: int) -> float:
-    """Median seconds per logical batch of ``option``, run for real on a copy of the model."""
+def runner(model: Any, inputs: tuple[Any, ...], option: Any, schedule: Any
+           ) -> Callable[[], float]:
+    """A callable that trains one logical batch of ``option`` for real, on its own copy of the
+    model, and returns the seconds it took."""
     import torch
 
     import scheduler
@@ -43,8 +45,8 @@ def run_option(model: Any, inputs: tuple[Any, ...], option: Any, schedule: Any,
     micro = inputs if option.micro_batches == 1 else _slice(inputs, option.micro_batches)
     module = m if schedule is None else scheduler.apply(m, schedule, micro)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-    times = []
-    for r in range(repeats + 1):  # the first warms up
+
+    def one() -> float:
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         for _ in range(option.micro_batches):
@@ -53,9 +55,21 @@ def run_option(model: Any, inputs: tuple[Any, ...], option: Any, schedule: Any,
             loss.backward()
             del loss
         opt.step()
-        if r:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        return time.perf_counter() - t0
+
+    return one
+
+
+def time_round_robin(runners: list[Callable[[], float]], repeats: int) -> list[float]:
+    """Median seconds of each runner, timed in turns (one warm-up turn first), so that a busy
+    machine slows every option alike."""
+    times: list[list[float]] = [[] for _ in runners]
+    for r in range(repeats + 1):
+        for i, run in enumerate(runners):
+            t = run()
+            if r:
+                times[i].append(t)
+    return [statistics.median(ts) for ts in times]
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
@@ -98,12 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     device = int(peak * args.device_fraction)
     advice = scheduler.advise(model, inputs, device_memory=device, headroom=0.0,
                               repeats=args.repeats)
-    rows = []
-    for o in advice.options:
-        schedule = advice.schedules.get(o.name) if o.checkpoint else None
-        if o.checkpoint and schedule is None:
-            continue  # no schedule fits: nothing to run
-        rows.append((o, run_option(model, tuple(inputs), o, schedule, args.repeats)))
+    # options with a schedule that fits, or none needed
+    runnable = [o for o in advice.options if not o.checkpoint or o.name in advice.schedules]
+    measured = time_round_robin([runner(model, tuple(inputs), o, advice.schedules.get(o.name))
+                                 for o in runnable], args.repeats)
+    rows = list(zip(runnable, measured))
     pred = [o.predicted_time_s for o, _ in rows]
     meas = [t for _, t in rows]
 

@@ -34,7 +34,7 @@ from .measure import PARTS, StepBreakdown, get_optimizer, measure, measure_train
 from .profile import profile_traced
 from .rewrite import rewrite
 from .schedule import Schedule
-from .simulate import Estimate, simulate
+from .simulate import simulate
 from .trace import _as_tuple, trace
 from .units import format_bytes, format_seconds, parse_bytes
 

@@ -3,17 +3,15 @@ gradient-accumulation options, bad input, and the ``scheduler advise`` command l
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import json
 
 import pytest
+from _cli import run
 import torch
 import torch.nn as nn
 
 import scheduler
-from scheduler import cli
 from scheduler.advise import (ACCUMULATE, ACCUMULATE_CHECKPOINT, BEYOND, CHECKPOINT, FITS,
                               Option, recommend)
 from scheduler.measure import PARTS, StorageTracker
@@ -219,13 +217,6 @@ def test_optimizer_state_given_in_bytes(build_example):
 
 
 # ------------------------------------------------------------------------------ command line
-
-
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_cli_advise_prints_and_writes_json(tmp_path):

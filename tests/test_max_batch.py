@@ -4,14 +4,12 @@ bad input; ``scheduler max-batch``. Budgets are set from measured peaks, in byte
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
 import pytest
+from _cli import run
 
 import scheduler
-from scheduler import cli
 from scheduler.api import InfeasibleBudgetError
 from scheduler.schedule import Schedule
 
@@ -136,13 +134,6 @@ def test_factory_without_the_size_keyword_names_it_and_the_fix():
     with pytest.raises(ValueError, match=r"'no_size' takes no keyword 'batch' \(its "
                                          r"parameters: seed\); give it one.*dim="):
         scheduler.max_batch(no_size, budget="1MB")
-
-
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_cli_max_batch(tmp_path):
