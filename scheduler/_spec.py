@@ -6,6 +6,7 @@ A factory takes no arguments and returns ``(model, inputs)`` or ``(model, inputs
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -17,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["SpecError", "load_factory", "split_spec"]
+__all__ = ["SpecError", "load_factory", "resolve_factory", "split_spec"]
 
 _FORMS = "'path/to/file.py:factory' or 'package.module:factory'"
 
@@ -159,25 +160,9 @@ def load_factory(spec: str) -> tuple[Any, tuple[Any, ...], Callable[..., Any] | 
     Example:
         >>> model, inputs, loss_fn = load_factory("examples/gpt.py:build")  # doctest: +SKIP
     """
-    target, attr = split_spec(spec)
-    if _is_file_target(target):
-        path = Path(target)
-        directory = str(path.resolve().parent) if path.is_file() else str(path.parent)
-    else:
-        path = None
-        directory = os.getcwd()
-
+    factory, directory = _resolve(spec)
     # Sibling imports may also happen lazily inside the factory, so it runs on the path too.
     with _on_sys_path(directory):
-        module = _import_file(path, spec) if path is not None else _import_module(target)
-        if not hasattr(module, attr):
-            names = _callables_of(module)
-            has = ", ".join(names) if names else "no public callables"
-            where = str(path) if path is not None else target
-            raise SpecError(f"{where!r} has no attribute {attr!r}; it defines: {has}")
-        factory = getattr(module, attr)
-        if not callable(factory):
-            raise SpecError(f"{spec!r} names a {type(factory).__name__}, not a callable factory")
         try:
             params = inspect.signature(factory).parameters.values()
             required = [
@@ -199,3 +184,43 @@ def load_factory(spec: str) -> tuple[Any, tuple[Any, ...], Callable[..., Any] | 
                 f"factory {spec!r} raised {type(exc).__name__}: {_one_line(exc)}"
             ) from exc
     return _check_result(result, spec)
+
+
+def _resolve(spec: str) -> tuple[Callable[..., Any], str]:
+    """The factory a MODEL_SPEC names, uncalled, and the folder its imports need."""
+    target, attr = split_spec(spec)
+    if _is_file_target(target):
+        path: Path | None = Path(target)
+        directory = str(path.resolve().parent) if path.is_file() else str(path.parent)
+    else:
+        path = None
+        directory = os.getcwd()
+    with _on_sys_path(directory):
+        module = _import_file(path, spec) if path is not None else _import_module(target)
+    if not hasattr(module, attr):
+        names = _callables_of(module)
+        has = ", ".join(names) if names else "no public callables"
+        where = str(path) if path is not None else target
+        raise SpecError(f"{where!r} has no attribute {attr!r}; it defines: {has}")
+    factory = getattr(module, attr)
+    if not callable(factory):
+        raise SpecError(f"{spec!r} names a {type(factory).__name__}, not a callable factory")
+    return factory, directory
+
+
+def resolve_factory(spec: str) -> Callable[..., Any]:
+    """The factory a MODEL_SPEC names, not called: for callers that pass it arguments (such
+    as ``max_batch``, which calls ``factory(batch=n)``). The returned callable has the
+    factory's signature and runs it with the spec's folder on ``sys.path``.
+
+    Raises:
+        SpecError: as `load_factory`, for everything up to calling the factory.
+    """
+    factory, directory = _resolve(spec)
+
+    @functools.wraps(factory)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with _on_sys_path(directory):
+            return factory(*args, **kwargs)
+
+    return call

@@ -251,7 +251,9 @@ def solve_graph(graph: CostGraph, budget: int | float | str, *, solver: str = "a
             ``"dp"``, ``"greedy"``, ``"uniform:4"``.
         time_limit_s: passed to the solver (the baselines ignore it).
         headroom: fraction of the budget held back for error in the cost model: the solver gets
-            ``budget * (1 - headroom)``. In [0, 1).
+            ``budget * (1 - headroom)``. In [0, 1); default 0, because the budget given here
+            is the step's peak the caller asks for (`advise` and `max_batch`, which start
+            from a device's memory, default to 0.1).
 
     Returns:
         The solver's `SolveResult`, ``OPTIMAL`` or ``FEASIBLE``; its ``budget_bytes`` is the
@@ -329,7 +331,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any], *, budget: int | floa
         loss_fn: ``loss_fn(output) -> scalar``; default `trace.default_loss_recipe`.
         solver: a registered solver name; ``"auto"`` picks the exact one for the graph.
         time_limit_s: the solver's time limit.
-        headroom: fraction of the budget held back for cost-model error (see `solve_graph`).
+        headroom: fraction of the budget held back for cost-model error (see `solve_graph`);
+            default 0: the budget is the peak asked for. Pass 0.1 to keep 10% in reserve.
         repeats: timed profile steps (medians are kept).
         progress: called with a short message as each phase starts.
 

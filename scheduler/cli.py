@@ -2,8 +2,8 @@
 
 Each verb is one ``_add_<verb>(subparsers)`` function that builds its parser and sets
 ``func`` to a ``_cmd_<verb>(args) -> int``; ``_VERBS`` lists the registered ones. Only verbs
-that work are registered: ``profile``, ``solve``, ``apply``, ``compare`` and ``bench``. Still
-to come, from DESIGN.md: ``advise``; it will follow the same pattern and reuse
+that work are registered: ``profile``, ``solve``, ``apply``, ``compare``, ``bench``,
+``advise`` and ``max-batch``; a new verb follows the same pattern and reuses
 ``_add_model_spec``.
 
 Errors a user can fix (a bad MODEL_SPEC, a bad value, a missing file) print one line,
@@ -572,6 +572,190 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         console.print(verdict(rows), markup=False, highlight=False)
         if args.json is not None:
             console.print(f"wrote {args.json}", soft_wrap=True, markup=False, highlight=False)
+
+
+# ---------------------------------------------------------------------------- advise
+
+_ADVISE_EPILOG = """\
+examples:
+  scheduler advise examples/gpt.py:build --device-memory 24GiB --optimizer adamw
+  scheduler advise examples/mlp.py:build --device-memory 8GiB --micro-batches 2,4 --json advice.json
+  scheduler advise examples/unet.py:build --device-memory 16GiB --optimizer-state 2GiB --quiet
+
+The step is measured for real (forward, backward and one optimizer step, on a copy of the
+model). When it does not fit the device less headroom, checkpointing and gradient accumulation
+over 2, 4, 8 micro-batches are priced and the fastest option that fits is recommended.
+"""
+
+
+def _fraction(text: str) -> float:
+    """'30%' or '0.3' as 0.3."""
+    t = text.strip()
+    try:
+        value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.3 or 30%, got "
+                                         f"{text!r}") from None
+    if not value == value or value < 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a fraction >= 0 such as 0.3 or 30%, got "
+                                         f"{text!r}")
+    return value
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    """'2,4' as (2, 4); '' as ()."""
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 2,4, "
+                                         f"got {text!r}") from None
+
+
+def _add_solver_options(parser: argparse.ArgumentParser, *, headroom: float) -> None:
+    parser.add_argument(
+        "--headroom", type=_fraction, default=headroom, metavar="FRACTION",
+        help=f"fraction of the memory held back, '0.1' or '10%%' (default: {headroom:g})")
+    parser.add_argument("--solver", default="auto", metavar="NAME",
+                        help="solver for the checkpointing plans (default: auto)")
+    parser.add_argument("--time-limit", type=_positive_float, default=30.0, metavar="SECONDS",
+                        help="the solver's time limit in seconds (default: 30)")
+    parser.add_argument("--repeats", type=_positive_int, default=1, metavar="N",
+                        help="timed steps per measurement (default: 1)")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help="also write the result as JSON")
+    parser.add_argument("--quiet", action="store_true",
+                        help="print no spinner and no report; errors still go to stderr")
+
+
+def _add_advise(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "advise",
+        help="where a training step's memory goes, and whether checkpointing is the remedy",
+        description="Measure one real training step with its optimizer, break its peak into\n"
+        "parameters, gradients, optimizer state, saved activations and the rest, and recommend\n"
+        "what makes it fit the device: nothing, checkpointing, gradient accumulation, or\n"
+        "remedies beyond them (sharding, lower-precision optimizer state, a smaller model).",
+        epilog=_ADVISE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_model_spec(parser)
+    parser.add_argument("--device-memory", required=True, metavar="BYTES",
+                        help="the device's memory: '24GiB', '80GB', or bytes")
+    parser.add_argument("--optimizer", default="adamw", metavar="NAME",
+                        help="optimizer to run one step of: adamw (default), adam, sgd, "
+                        "sgd_momentum, rmsprop, adagrad")
+    parser.add_argument("--optimizer-state", default=None, metavar="BYTES",
+                        help="the optimizer state's size instead of running --optimizer")
+    parser.add_argument("--micro-batches", type=_int_list, default=None, metavar="K,K",
+                        help="micro-batch counts to price for gradient accumulation "
+                        "(default: 2,4,8 where they divide the batch; '' for none)")
+    _add_solver_options(parser, headroom=0.1)
+    parser.set_defaults(func=_cmd_advise)
+
+
+def _cmd_advise(args: argparse.Namespace) -> int:
+    from scheduler.advise import advise, check_headroom, parse_memory
+    from scheduler.measure import get_optimizer
+    from scheduler.solvers import get_solver
+
+    # Fail on bad values now, not after minutes of measuring.
+    parse_memory(args.device_memory, "--device-memory")
+    state = (None if args.optimizer_state is None
+             else parse_memory(args.optimizer_state, "--optimizer-state"))
+    if state is None:
+        get_optimizer(args.optimizer)
+    check_headroom(args.headroom)
+    get_solver(args.solver)
+    model, inputs, loss_fn = load_factory(args.model_spec)
+    kwargs: dict[str, Any] = dict(
+        device_memory=args.device_memory, optimizer=args.optimizer,
+        optimizer_state_bytes=state, loss_fn=loss_fn, headroom=args.headroom,
+        micro_batches=args.micro_batches, solver=args.solver, time_limit_s=args.time_limit,
+        repeats=args.repeats)
+    advice = _run_quietly_or_not(args, lambda say: advise(model, inputs, progress=say,
+                                                          **kwargs))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(advice.to_json())
+    if not args.quiet:
+        from rich.console import Console
+
+        console = Console()
+        for r in advice.renderables():
+            console.print(r)
+    return EXIT_OK
+
+
+def _run_quietly_or_not(args: argparse.Namespace, work: Callable[[Callable[[str], None]], Any]
+                        ) -> Any:
+    """``work(progress)`` under a spinner, or silently with --quiet."""
+    if args.quiet:
+        return work(lambda _msg: None)
+    from rich.console import Console
+
+    with Console(stderr=True).status(f"{args.model_spec} ...") as status:
+        return work(lambda msg: status.update(f"{args.model_spec}: {msg} ..."))
+
+
+# ---------------------------------------------------------------------------- max-batch
+
+_MAX_BATCH_EPILOG = """\
+examples:
+  scheduler max-batch examples/gpt.py:build --budget 8GiB
+  scheduler max-batch examples/gpt.py:build --budget 8GiB --dim block_size --max-overhead 30%
+  scheduler max-batch examples/unet.py:build --budget 2GiB --headroom 0 --json unet.json
+
+The factory must take the size as a keyword (--dim, default 'batch'): build(batch=8). The
+budget is the peak of one forward + backward step, as in 'scheduler solve'; leave room for
+optimizer state ('scheduler advise' measures it).
+"""
+
+
+def _add_max_batch(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "max-batch",
+        help="the largest batch size (or sequence length) whose optimal plan fits a budget",
+        description="Find the largest size whose optimal checkpointing plan fits the budget less\n"
+        "headroom (and stays within --max-overhead), profiling only sizes near the answer, and\n"
+        "confirm it by measuring that plan.",
+        epilog=_MAX_BATCH_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_model_spec(parser)
+    parser.add_argument("--budget", required=True, metavar="BYTES",
+                        help="peak memory of one training step: '8GiB', '512MB', or bytes")
+    parser.add_argument("--dim", default="batch", metavar="KEYWORD",
+                        help="the factory keyword that sets the size (default: batch)")
+    parser.add_argument("--max-overhead", type=_fraction, default=None, metavar="FRACTION",
+                        help="the most predicted recompute overhead allowed: '30%%' or '0.3'")
+    parser.add_argument("--start", type=_positive_int, default=None, metavar="N",
+                        help="the first size to profile (default: the factory's default)")
+    _add_solver_options(parser, headroom=0.1)
+    parser.set_defaults(func=_cmd_max_batch)
+
+
+def _cmd_max_batch(args: argparse.Namespace) -> int:
+    from scheduler._spec import resolve_factory
+    from scheduler.advise import check_headroom, parse_memory
+    from scheduler.max_batch import _check_factory, max_batch
+    from scheduler.solvers import get_solver
+
+    parse_memory(args.budget, "--budget")
+    check_headroom(args.headroom)
+    get_solver(args.solver)
+    factory = resolve_factory(args.model_spec)
+    _check_factory(factory, args.dim, args.start)
+    result = _run_quietly_or_not(args, lambda say: max_batch(
+        factory, budget=args.budget, max_overhead=args.max_overhead, dim=args.dim,
+        headroom=args.headroom, solver=args.solver, time_limit_s=args.time_limit,
+        repeats=args.repeats, start=args.start, progress=say))
+    if args.json is not None:
+        import json
+
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result.to_dict(), indent=2))
+    if not args.quiet:
+        print(result.summary())
     return EXIT_OK
 
 
@@ -579,7 +763,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 # Registration functions for the verbs that work today; append new verbs here.
 _VERBS: tuple[Callable[[Any], None], ...] = (_add_profile, _add_solve, _add_apply, _add_compare,
-                                              _add_bench)
+                                              _add_bench, _add_advise, _add_max_batch)
 
 
 def _version() -> str:

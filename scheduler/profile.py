@@ -188,6 +188,9 @@ class _Recorder:
             loss.backward()
             del loss
         rec.grad_bytes_end = sum(self.gid_bytes[g] for g in self.key2gid.values())
+        # the step is over: storages that die later (gradients reset by `preserved_state`)
+        # are not part of it
+        tr.on_alloc = tr.on_free = None
         rec.peak_bytes = tr.peak_bytes
         self.fns.clear()
         return rec

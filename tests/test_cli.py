@@ -315,4 +315,5 @@ def test_help_has_an_example(argv, capsys):
 def test_only_working_verbs_are_registered():
     parser = cli.build_parser()
     subparsers = next(a for a in parser._actions if a.dest == "command")
-    assert sorted(subparsers.choices) == ["apply", "bench", "compare", "profile", "solve"]
+    assert sorted(subparsers.choices) == ["advise", "apply", "bench", "compare", "max-batch",
+                                          "profile", "solve"]
