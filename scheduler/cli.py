@@ -572,6 +572,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         console.print(verdict(rows), markup=False, highlight=False)
         if args.json is not None:
             console.print(f"wrote {args.json}", soft_wrap=True, markup=False, highlight=False)
+    return EXIT_OK
 
 
 # ---------------------------------------------------------------------------- advise
