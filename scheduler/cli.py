@@ -786,7 +786,9 @@ def build_parser() -> argparse.ArgumentParser:
         "  scheduler solve examples/gpt.py:build --budget 60% --out gpt.schedule.json\n"
         "  scheduler apply examples/gpt.py:build gpt.schedule.json\n"
         "  scheduler compare examples/gpt.py:build --budget 50% --plot gpt.png\n"
-        "  scheduler bench graphs/*.json\n\n"
+        "  scheduler bench graphs/*.json\n"
+        "  scheduler advise examples/gpt.py:build --device-memory 24GiB\n"
+        "  scheduler max-batch examples/gpt.py:build --budget 1GiB\n\n"
         "Run 'scheduler VERB --help' for a verb's options.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
