@@ -141,6 +141,25 @@ def _cpsat():
         pytest.skip(f"scheduler.solvers.cpsat with cpsat() and unit_points() not available: {e}")
 
 
+def test_cpsat_out_of_time_returns_the_best_cheap_baseline() -> None:
+    """When time runs out before CP-SAT finds a schedule that fits, cpsat answers with the
+    best fitting warm start (FEASIBLE, never a false INFEASIBLE), simulated like any result."""
+    from scheduler.solvers import get_solver
+    from scheduler.solvers.cpsat import WARM_STARTS
+
+    g = random_graph(300, kind="dag", seed=3)
+    sqrt = get_solver("sqrt")(g, 1 << 62)
+    budget = sqrt.estimate.peak_bytes  # sqrt fits exactly
+    fitting = [get_solver(n)(g, budget) for n in WARM_STARTS]
+    best = min((r for r in fitting if r.status != INFEASIBLE),
+               key=lambda r: r.estimate.recompute_s)
+    got = get_solver("cpsat")(g, budget, time_limit_s=1e-6)
+    assert got.status == FEASIBLE
+    assert got.estimate == simulate(g, got.schedule)
+    assert got.estimate.recompute_s == best.estimate.recompute_s
+    assert got.estimate.peak_bytes <= budget
+
+
 def _compare_cpsat(seed: int, g: CostGraph) -> None:
     """cpsat against brute force over `unit_points`, at every budget; dp too on DAGs, over its
     own (fewer) points, where it applies as well."""

@@ -18,7 +18,10 @@ So the model is a relaxation: it never rejects a schedule the simulator accepts,
 objective is exact. Each solution is simulated; one that does not fit (a replay burst) is cut
 off by a no-good constraint and the model is solved again. The first solution that fits is
 therefore optimal over the space when CP-SAT proves it OPTIMAL; with the time limit hit it is
-FEASIBLE with the proven gap.
+FEASIBLE with the proven gap. The best fitting cheap baseline (`WARM_STARTS`) is CP-SAT's hint,
+and cpsat's answer when time runs out before CP-SAT finds a schedule that fits (FEASIBLE, with
+CP-SAT's bound when it got that far; on large graphs building the model can take the whole
+time limit, and then there is no bound).
 
 Running time: exponential in the worst case (CP-SAT); the model has O(units + storages *
 thresholds) Booleans and O(nodes + backward steps) linear constraints.
@@ -326,6 +329,26 @@ class _Model:
                 start = u + 1
         return Schedule.from_regions(self.g, spans, meta={"space": "cpsat unit points"})
 
+    def hint(self, schedule: Schedule) -> bool:
+        """Warm start from ``schedule`` when its region boundaries are all unit points;
+        returns whether it could."""
+        bounds, i = [0], 0
+        policy = []
+        for r in schedule.regions:
+            i += len(r.nodes)
+            bounds.append(i)
+            policy.append(r.recompute)
+        if not set(bounds) <= set(self.points):
+            return False
+        region = 0
+        for u, p in enumerate(self.points[:-1]):
+            while bounds[region + 1] <= p:
+                region += 1
+            self.m.AddHint(self.rc[u], policy[region])
+            if self.cut[u] is not None:
+                self.m.AddHint(self.cut[u], p in bounds)
+        return True
+
     def forbid(self, solver: Any) -> None:
         """No-good: exclude the current assignment of cuts and policies."""
         lits = []
@@ -348,27 +371,34 @@ def _cp_solver(deadline: float | None) -> Any:
     return solver
 
 
-def _solve_lazy(graph: CostGraph, points: list[int], budget: int, deadline: float | None
+def _solve_lazy(graph: CostGraph, points: list[int], budget: int, deadline: float | None,
+                warm: Schedule | None = None
                 ) -> tuple[str, Schedule | None, float | None]:
-    """(status, schedule, lower bound in s) for the budget; status of the master problem."""
+    """(status, schedule, lower bound in s) for the budget; status of the master problem
+    (``"TIMEOUT"`` when time ran out first; the bound is then CP-SAT's, when it has one)."""
     from ortools.sat.python import cp_model
 
     try:
         model = _Model(graph, points, budget, deadline=deadline)
     except TimeoutError:
         return "TIMEOUT", None, None
+    if warm is not None:
+        model.hint(warm)
+    bound = None
     while (solver := _cp_solver(deadline)) is not None:
         st = solver.Solve(model.m)
         if st == cp_model.INFEASIBLE:
             return INFEASIBLE, None, None
+        # the master is a relaxation: its bound holds over the space (no-goods only cut off
+        # schedules that do not fit)
+        bound = solver.BestObjectiveBound() / _NS
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
         sched = model.schedule(solver)
         if simulate(graph, sched).peak_bytes <= budget:
-            bound = solver.BestObjectiveBound() / _NS
             return (OPTIMAL if st == cp_model.OPTIMAL else FEASIBLE), sched, bound
         model.forbid(solver)
-    return "TIMEOUT", None, None
+    return "TIMEOUT", None, bound
 
 
 def _min_feasible(graph: CostGraph, points: list[int], deadline: float | None) -> int | None:
@@ -393,19 +423,43 @@ def _min_feasible(graph: CostGraph, points: list[int], deadline: float | None) -
     return best
 
 
+#: cheap baselines (one simulation each) that warm-start cpsat and stand in when it runs out
+#: of time
+WARM_STARTS = ("every_block", "sqrt", "uniform:2", "uniform:4")
+
+
+def _warm_start(graph: CostGraph, budget_bytes: int) -> Schedule | None:
+    """The fitting schedule with the least recompute time among `WARM_STARTS`, or None."""
+    from .base import get_solver
+
+    best = None
+    for name in WARM_STARTS:
+        r = get_solver(name)(graph, budget_bytes)
+        if r.status != INFEASIBLE and (best is None
+                                       or r.estimate.recompute_s < best.estimate.recompute_s):
+            best = r
+    return None if best is None else best.schedule
+
+
 @register("cpsat")
 def cpsat(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
           ) -> SolveResult:
-    """CP-SAT over region schedules at `unit_points` (see the module docstring)."""
+    """CP-SAT over region schedules at `unit_points` (see the module docstring), warm-started
+    with the best fitting cheap baseline, which it returns as FEASIBLE (with CP-SAT's proven
+    bound, when there is one) if it runs out of time before finding a schedule that fits."""
     started = time.perf_counter()
     deadline = None if time_limit_s is None else started + time_limit_s
     points = unit_points(graph)
-    status, sched, bound = _solve_lazy(graph, points, budget_bytes, deadline)
+    warm = _warm_start(graph, budget_bytes)
+    status, sched, bound = _solve_lazy(graph, points, budget_bytes, deadline, warm)
     if status == INFEASIBLE:  # proven: nothing in the space fits
         return finish(graph, budget_bytes, None, solver="cpsat", started=started,
                       status=INFEASIBLE,
                       min_feasible_bytes=_min_feasible(graph, points, deadline))
-    if sched is None:  # out of time before any schedule that fits: none found, none proven
+    if sched is None:  # out of time before finding a schedule that fits
+        if warm is not None:
+            return finish(graph, budget_bytes, warm, solver="cpsat", started=started,
+                          status=FEASIBLE, lower_bound_s=bound)
         return finish(graph, budget_bytes, None, solver="cpsat", started=started,
                       status=INFEASIBLE)
     return finish(graph, budget_bytes, sched, solver="cpsat", started=started,
