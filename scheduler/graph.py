@@ -212,9 +212,18 @@ class CostGraph:
     @property
     def fingerprint(self) -> str:
         """A hash of the structure and shapes (names, ops, targets, edges, output shapes), not of
-        measured times or bytes: it changes exactly when the model or its input shapes do."""
-        return structure_fingerprint(
+        measured times or bytes: it changes exactly when the model or its input shapes do.
+
+        Cached while the node objects stay the same (they are frozen), since every schedule
+        checks it: solvers build thousands."""
+        cached = self.__dict__.get("_fingerprint")
+        if cached is not None and len(cached[0]) == len(self.nodes) and all(
+                a is b for a, b in zip(cached[0], self.nodes)):
+            return cached[1]
+        fp = structure_fingerprint(
             (n.name, n.op, n.target, n.inputs, n.shape, n.is_loss) for n in self.nodes)
+        self.__dict__["_fingerprint"] = (tuple(self.nodes), fp)
+        return fp
 
     def _check(self) -> None:
         names = self._index

@@ -123,7 +123,11 @@ class RegionTable:
         self.entries: dict[tuple[int, int, int, str | None], _Entry] = {}
         pts = self.points
         for a in range(len(pts) - 1):
-            states = (None,) if a == 0 else ENTRY_STATES if self.crossing[a] else POLICIES
+            # "cached" only where some region ending here can cache the crossing activation
+            cross = self.crossing[a]
+            cacheable = cross is not None and any(
+                cross in save for z in range(a) for _, save in self.options[z, a])
+            states = (None,) if a == 0 else ENTRY_STATES if cacheable else POLICIES
             for b in range(a + 1, len(pts)):
                 opts = self.options[a, b] = region_options(graph, pts[a], pts[b])
                 for o, (p, save) in enumerate(opts):
