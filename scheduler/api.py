@@ -115,8 +115,10 @@ class Plan:
         unconstrained = (f" (unscheduled {format_bytes(self.unconstrained_peak_bytes)})"
                          if self.unconstrained_peak_bytes else "")
         rc = len(self.schedule.recompute_regions)
+        space = self.schedule.meta.get("space")
+        over = f" over {space}" if self.status == "OPTIMAL" and space else ""
         return "\n".join([
-            f"{self.result.solver}: {self.status}, gap {gap}, solved in "
+            f"{self.result.solver}: {self.status}{over}, gap {gap}, solved in "
             f"{format_seconds(self.solve_s)}",
             f"  budget          {format_bytes(self.budget_bytes)}",
             f"  predicted peak  {format_bytes(e.peak_bytes)}{unconstrained}",

@@ -277,6 +277,9 @@ def _print_plan(plan: Any, out: Path) -> None:
     table.add_column("quantity", style="bold")
     table.add_column("value", justify="right")
     table.add_row("status", plan.status)
+    space = plan.schedule.meta.get("space")
+    if plan.status == "OPTIMAL" and space:
+        table.add_row("optimal over", space)
     table.add_row("gap", "n/a" if plan.gap is None else f"{plan.gap:.2%}")
     table.add_row("solve time", format_seconds(plan.solve_s))
     table.add_row("budget", format_bytes(plan.budget_bytes))
