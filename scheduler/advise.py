@@ -29,8 +29,9 @@ import torch
 import torch.nn as nn
 
 from .api import InfeasibleBudgetError, solve_graph
-from .graph import CostGraph
-from .measure import PARTS, StepBreakdown, get_optimizer, measure, measure_training_step
+from .graph import CostGraph, with_step_time
+from .measure import (PARTS, StepBreakdown, get_optimizer, measure, measure_in_turns,
+                      measure_training_step)
 from .profile import profile_traced
 from .rewrite import rewrite
 from .schedule import Schedule
@@ -389,7 +390,20 @@ class _Pricer:
             self.cache[k] = (gm, graph, inputs)
         return self.cache[k]
 
+    def _time_in_turns(self, ks: list[int]) -> None:
+        """Re-time the unscheduled step of the batch and of every micro-batch size in turns
+        (one step of each per round) and rescale each graph's times to it: profiles taken
+        one after another see different load, which would skew the comparison of options."""
+        sizes = [1, *ks]
+        cases = {k: (self.model, self._graph(k)[2]) for k in sizes}
+        self.say("timing the batch and its micro-batches in turns")
+        timed = measure_in_turns(cases, repeats=max(3, self.repeats), loss_fn=self.loss_fn)
+        for k in sizes:
+            gm, graph, inputs = self.cache[k]
+            self.cache[k] = (gm, with_step_time(graph, timed[k].step_s), inputs)
+
     def options(self, batch: int | None, ks: list[int]) -> list[Option]:
+        self._time_in_turns(ks)
         _, g1, _ = self._graph(1)
         opt_s, opt_peak = self.bd.optimizer_step_s, self.bd.optimizer_step_peak_bytes
         as_is = Option("as is", 1, batch, False, self.bd.peak_bytes,

@@ -11,9 +11,8 @@ measured too: it is the reference for measured overheads.
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +22,7 @@ import torch.nn as nn
 from . import report
 from .api import _budget_spec, _infeasible, parse_budget, solve_graph
 from .graph import CostGraph
-from .measure import Measurement, measure as measure_module
+from .measure import Measurement, measure_in_turns
 from .profile import profile_traced
 from .rewrite import rewrite
 from .schedule import Schedule
@@ -245,9 +244,9 @@ def compare(model: nn.Module, example_inputs: Sequence[Any], *,
             none = Schedule.none(graph)
             todo = {_key(none): none, **distinct}  # the reference first
             step(total=1 + n_solves + repeats * len(todo))
-            measured = _measure_round_robin(
-                {key: rewrite(gm, schedule, model) for key, schedule in todo.items()},
-                inputs, repeats=repeats, step=step)
+            measured = measure_in_turns(
+                {key: (rewrite(gm, schedule, model), inputs) for key, schedule in todo.items()},
+                repeats=repeats, step=step)
             reference = measured[_key(none)]
 
     rows = [_row(s, budget, budget_bytes, r,
@@ -256,26 +255,6 @@ def compare(model: nn.Module, example_inputs: Sequence[Any], *,
     return Comparison(rows=rows, model=type(model).__name__,
                       device=str(graph.meta.get("device", "cpu")),
                       unconstrained_peak_bytes=unconstrained, reference=reference, graph=graph)
-
-
-def _measure_round_robin(modules: dict[Any, nn.Module], inputs: tuple[Any, ...], *,
-                         repeats: int, step: Callable[..., None]) -> dict[Any, Measurement]:
-    """Measure every module in ``repeats`` rounds of one timed step each, so that a burst of
-    load from elsewhere on the machine slows all of them alike rather than one; each module's
-    step time is the median over its rounds and its peak the largest (on CPU every round's
-    peak is the same)."""
-    runs: dict[Any, list[Measurement]] = {key: [] for key in modules}
-    for i in range(repeats):
-        for j, (key, module) in enumerate(modules.items()):
-            step(f"measuring: round {i + 1}/{repeats}, schedule {j + 1}/{len(modules)}")
-            runs[key].append(measure_module(module, inputs, repeats=1, warmup=int(i == 0)))
-            step(advance=1)
-    out = {}
-    for key, ms in runs.items():
-        times = tuple(t for m in ms for t in m.step_s_all)
-        out[key] = replace(ms[0], peak_bytes=max(m.peak_bytes for m in ms),
-                           step_s=statistics.median(times), step_s_all=times)
-    return out
 
 
 def _key(schedule: Schedule | None) -> Any:

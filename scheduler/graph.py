@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -40,6 +40,7 @@ __all__ = [
     "Saved",
     "Storage",
     "BwdStep",
+    "with_step_time",
 ]
 
 SCHEMA = "scheduler.costgraph"
@@ -420,3 +421,14 @@ _NODE_TYPES: dict[str, type | tuple[type, ...]] = {
     "saved": list, "shape": str, "pack_mark": (int, type(None)),
 }
 
+
+def with_step_time(graph: CostGraph, step_s: float) -> CostGraph:
+    """``graph`` with its unscheduled step re-timed to ``step_s``: every forward and backward
+    time scaled by the same factor (their proportions, which the solvers compare, kept)."""
+    if not (step_s > 0) or not (graph.measured_step_s > 0):
+        raise ValueError(f"step times must be positive, got {step_s!r} for a graph measured at "
+                         f"{graph.measured_step_s!r}")
+    f = step_s / graph.measured_step_s
+    nodes = [replace(n, time_s=n.time_s * f, bwd_time_s=n.bwd_time_s * f) for n in graph.nodes]
+    steps = [replace(b, time_s=b.time_s * f) for b in graph.bwd_steps]
+    return replace(graph, nodes=nodes, bwd_steps=steps, measured_step_s=step_s)

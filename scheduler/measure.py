@@ -439,3 +439,29 @@ def _suffix_peak(att: _Attribution, start: int) -> int:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def measure_in_turns(cases: dict[Any, tuple[nn.Module, Sequence[Any]]], *, repeats: int,
+                     loss_fn: Callable[[Any], torch.Tensor] | None = None,
+                     step: Callable[..., None] | None = None) -> dict[Any, Measurement]:
+    """Measure each ``(module, inputs)`` case in ``repeats`` rounds of one timed step each, so
+    that a burst of load from elsewhere on the machine slows all of them alike rather than one:
+    each case's step time is the median over its rounds, its peak the largest (on CPU every
+    round's peak is the same). ``step(description)`` and ``step(advance=1)`` report progress."""
+    import dataclasses
+
+    runs: dict[Any, list[Measurement]] = {key: [] for key in cases}
+    for i in range(repeats):
+        for j, (key, (module, inputs)) in enumerate(cases.items()):
+            if step is not None:
+                step(f"measuring: round {i + 1}/{repeats}, case {j + 1}/{len(cases)}")
+            runs[key].append(measure(module, inputs, loss_fn=loss_fn, repeats=1,
+                                     warmup=int(i == 0)))
+            if step is not None:
+                step(advance=1)
+    out = {}
+    for key, ms in runs.items():
+        times = tuple(t for m in ms for t in m.step_s_all)
+        out[key] = dataclasses.replace(ms[0], peak_bytes=max(m.peak_bytes for m in ms),
+                                       step_s=statistics.median(times), step_s_all=times)
+    return out

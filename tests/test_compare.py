@@ -275,14 +275,14 @@ def test_round_robin_measurement_keeps_every_rounds_time_and_the_peak():
 
     import torch
 
-    from scheduler.compare import _measure_round_robin
+    from scheduler.measure import measure_in_turns
 
     torch.manual_seed(0)
     modules = {"small": torch.nn.Linear(8, 8), "wide": torch.nn.Linear(8, 64)}
     x = torch.randn(16, 8)
     calls = []
-    out = _measure_round_robin(modules, (x,), repeats=3,
-                               step=lambda *a, **k: calls.append(k.get("advance", 0)))
+    out = measure_in_turns({k: (m, (x,)) for k, m in modules.items()}, repeats=3,
+                           step=lambda *a, **k: calls.append(k.get("advance", 0)))
     assert sum(calls) == 3 * len(modules)
     for key, module in modules.items():
         m = out[key]

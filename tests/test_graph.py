@@ -404,3 +404,24 @@ def test_pack_mark_out_of_range(tmp_path: Path, good: dict[str, Any]) -> None:
     g = CostGraph.from_dict(good)
     assert g.node(name).pack_mark == 0 and g.replay_mark(name) == 0
     assert CostGraph.from_dict(g.to_dict()).node(name).pack_mark == 0
+
+
+def test_with_step_time_scales_every_time_and_no_byte() -> None:
+    """Re-timing a recorded graph scales the simulated step and recompute time by the same
+    factor and changes no predicted byte."""
+    from scheduler.graph import with_step_time
+    from scheduler.schedule import Schedule
+    from scheduler.simulate import simulate
+    from scheduler.solvers import get_solver
+
+    g = CostGraph.load(Path(__file__).resolve().parents[1] / "graphs" / "gpt.json")
+    s = get_solver("every_block")(g, 1 << 62).schedule
+    g2 = with_step_time(g, 3 * g.measured_step_s)
+    a, b = simulate(g, s), simulate(g2, Schedule.from_dict(s.to_dict()))
+    assert b.peak_bytes == a.peak_bytes and b.timeline == a.timeline
+    assert b.step_s == pytest.approx(3 * a.step_s, rel=1e-12)
+    assert b.recompute_s == pytest.approx(3 * a.recompute_s, rel=1e-12)
+    assert b.overhead == pytest.approx(a.overhead, rel=1e-12)
+    assert g2.fingerprint == g.fingerprint
+    with pytest.raises(ValueError, match="positive"):
+        with_step_time(g, 0.0)
