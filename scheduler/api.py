@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from .graph import CostGraph
+from .measure import measure
 from .profile import profile_traced, traced_fingerprint
 from .rewrite import CheckpointedModule, rewrite
 from .schedule import Schedule, ScheduleError
@@ -87,16 +88,17 @@ class Plan:
         """Write the schedule as JSON, to re-apply later with `scheduler.apply`."""
         self.schedule.save(path)
 
-    def plot_timeline(self, path: str | Path | None = None, *, title: str = "") -> Any:
+    def plot_timeline(self, path: str | Path | None = None, *, title: str = "",
+                      inputs: Sequence[Any] | None = None) -> Any:
         """Plot the predicted live memory over one training step (forward, recompute bursts,
-        backward) against the budget, see `report.plot_timeline`.
-
-        Only the prediction (`simulate`'s timeline) is drawn: a measured timeline would need
-        a per-event trace of the real step, which `measure` does not record.
+        backward) against the budget, see `report.plot_timeline`; with ``inputs``, also the
+        memory measured over one real step of ``plan.module`` (CPU only: live-storage
+        tracking; on CUDA only the prediction is drawn).
 
         Args:
             path: where to write the PNG; None to only build the figure.
             title: the axes title (default: the solver, status and overhead).
+            inputs: example inputs to run one measured step with.
 
         Returns:
             The matplotlib ``Figure``.
@@ -104,9 +106,15 @@ class Plan:
         from .report import plot_timeline
 
         e = self.estimate
-        title = title or (f"{self.result.solver} ({self.status}): predicted memory over one "
-                          f"step, recompute {format_seconds(e.recompute_s)} (+{e.overhead:.1%})")
-        return plot_timeline(e, path, budget_bytes=self.budget_bytes, title=title)
+        title = title or (f"{self.result.solver} ({self.status}): memory over one step, "
+                          f"recompute {format_seconds(e.recompute_s)} (+{e.overhead:.1%})")
+        measured: tuple[int, ...] = ()
+        split = 0
+        if inputs is not None:
+            m = measure(self.module, inputs, repeats=1, warmup=0, timeline=True)
+            measured, split = m.timeline, m.timeline_backward_at
+        return plot_timeline(e, path, budget_bytes=self.budget_bytes, title=title,
+                             measured=measured, measured_backward_at=split)
 
     def summary(self) -> str:
         """A few lines: status, budget, predicted peak, recompute time, regions."""

@@ -15,7 +15,7 @@ import statistics
 import time
 import weakref
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -93,14 +93,22 @@ class Measurement:
     step_s_all: tuple[float, ...]  # every timed step
     loss: float
     device: str
+    # with ``measure(..., timeline=True)`` on CPU: live bytes after every allocation and free
+    # of the tracked step, base included (empty otherwise)
+    timeline: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    timeline_backward_at: int = field(default=0, repr=False, compare=False)  # its first index
+    # in backward
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d.pop("timeline")
+        d.pop("timeline_backward_at")
+        return d
 
 
 def measure(module: nn.Module, example_inputs: Sequence[Any], *,
             loss_fn: Callable[[Any], torch.Tensor] | None = None, repeats: int = 5,
-            warmup: int = 1) -> Measurement:
+            warmup: int = 1, timeline: bool = False) -> Measurement:
     """Run real training steps of ``module`` and measure peak memory and step time.
 
     One step is ``loss_fn(module(*inputs)).backward()`` with gradients starting at ``None``.
@@ -113,6 +121,8 @@ def measure(module: nn.Module, example_inputs: Sequence[Any], *,
         loss_fn: ``loss_fn(output) -> scalar``.
         repeats: timed steps (the median is reported).
         warmup: untimed steps first.
+        timeline: on CPU, also record the live bytes after every allocation and free of the
+            tracked step (`Measurement.timeline`, for `report.plot_timeline`).
 
     Returns:
         `Measurement`. On CPU the peak comes from `StorageTracker` (a separate, untimed step);
@@ -127,6 +137,9 @@ def measure(module: nn.Module, example_inputs: Sequence[Any], *,
     params = list(module.parameters())
     device = params[0].device if params else torch.device("cpu")
 
+    trace: list[int] = []
+    backward_at = [0]
+
     def step() -> torch.Tensor:
         for p in params:
             p.grad = None
@@ -134,6 +147,7 @@ def measure(module: nn.Module, example_inputs: Sequence[Any], *,
         fn = loss_fn or default_loss_recipe(out)
         loss = fn(out)
         del out
+        backward_at[0] = len(trace)
         loss.backward()
         return loss.detach()
 
@@ -160,17 +174,27 @@ def measure(module: nn.Module, example_inputs: Sequence[Any], *,
             torch.cuda.synchronize(device)
             peak = torch.cuda.max_memory_allocated(device) - start + base
         else:
-            tracker = StorageTracker()
+            trace.clear()
+            active = [timeline]
+
+            def record(_key: int, _nbytes: int) -> None:
+                if active[0]:  # frees after the step (weak references) are not part of it
+                    trace.append(tracker.current_bytes)
+
+            tracker = StorageTracker(on_alloc=record, on_free=record)
             for t in _state_tensors(module, inputs):
                 tracker.register(t)
             with tracker:
                 loss = step()
+            active[0] = False
             peak = tracker.peak_bytes
         for p in params:
             p.grad = None
     return Measurement(peak_bytes=int(peak), base_bytes=base,
                        step_s=statistics.median(times), step_s_all=tuple(times),
-                       loss=float(loss), device=str(device))
+                       loss=float(loss), device=str(device),
+                       timeline=tuple(trace) if device.type != "cuda" else (),
+                       timeline_backward_at=backward_at[0] if device.type != "cuda" else 0)
 
 
 def _state_tensors(module: nn.Module, inputs: Sequence[Any]) -> list[torch.Tensor]:

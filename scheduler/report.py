@@ -254,7 +254,8 @@ def _colors(strategies: Sequence[str]) -> dict[str, Any]:
 
 
 def plot_timeline(estimate: "Estimate", path: str | Path | None = None, *,
-                  budget_bytes: int | None = None, title: str = "") -> "Figure":
+                  budget_bytes: int | None = None, title: str = "",
+                  measured: Sequence[int] = (), measured_backward_at: int = 0) -> "Figure":
     """Predicted live memory over one training step, from ``estimate.timeline``.
 
     The x axis is the step's events in order: each forward node, then each backward step, with
@@ -268,6 +269,12 @@ def plot_timeline(estimate: "Estimate", path: str | Path | None = None, *,
         path: where to write the PNG (folders are made); None to only build the figure.
         budget_bytes: draw this budget.
         title: the axes title.
+        measured: a measured timeline (`Measurement.timeline`: live bytes after each
+            allocation and free), drawn as ``"measured"`` with its forward part stretched over
+            the predicted forward and its backward part over the predicted backward; its events
+            are PyTorch's, finer than the prediction's, so compare levels, not positions.
+        measured_backward_at: the measured timeline's first backward index
+            (`Measurement.timeline_backward_at`).
 
     Returns:
         The matplotlib ``Figure``.
@@ -293,6 +300,11 @@ def plot_timeline(estimate: "Estimate", path: str | Path | None = None, *,
     bursts = [i for i, lbl in enumerate(labels) if lbl.startswith("recompute ")]
     ax.plot([xs[i] for i in bursts], [mib[i] for i in bursts], linestyle="none", marker="^",
             color="red", label="recompute")
+    if measured:
+        ax.plot(_stretch(len(measured), measured_backward_at, n_fwd - 1, len(timeline) - 1),
+                [b / _MIB for b in measured],
+                color="tab:orange", linewidth=0.8, alpha=0.8,
+                label=f"measured (peak {format_bytes(max(measured))}; x scaled)")
     if budget_bytes is not None:
         ax.axhline(budget_bytes / _MIB, color="black", linestyle="--", linewidth=1,
                    label="budget")
@@ -302,10 +314,20 @@ def plot_timeline(estimate: "Estimate", path: str | Path | None = None, *,
                label=f"predicted peak {format_bytes(estimate.peak_bytes)}")
     ax.axvline(n_fwd - 0.5, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("step events (forward nodes | recompute bursts and backward steps)")
-    ax.set_ylabel("predicted live memory (MiB)")
+    ax.set_ylabel("live memory (MiB)" if measured else "predicted live memory (MiB)")
     ax.set_title(title or f"predicted memory over one step: recompute "
                  f"{format_seconds(estimate.recompute_s)} (+{estimate.overhead:.1%})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     _save(fig, path)
     return fig
+
+
+def _stretch(n: int, split: int, mid: float, end: float) -> list[float]:
+    """x positions for ``n`` measured events whose backward starts at index ``split``: the
+    forward part spread over [0, mid], the backward part over [mid, end]."""
+    split = min(max(split, 0), n)
+    xs = [mid * i / max(split - 1, 1) for i in range(split)]
+    rest = n - split
+    xs += [mid + (end - mid) * i / max(rest - 1, 1) for i in range(rest)]
+    return xs

@@ -262,6 +262,22 @@ def test_plan_plot_timeline_shows_budget_and_recompute_bursts(mlp, tmp_path):
         len(timeline) + 1  # backward starts at the last forward point
 
 
+def test_plan_plot_timeline_with_inputs_draws_the_measured_step(mlp):
+    """With inputs, one real step of the plan's module is tracked: the measured line's highest
+    point is the measured peak (`scheduler.measure`), and the prediction is within 3% of it."""
+    model, inputs = mlp
+    plan = scheduler.solve(model, inputs, budget="60%", solver="every_block", repeats=1)
+    fig = plan.plot_timeline(None, inputs=inputs)
+    lines = {line.get_label().split(" (")[0]: line for line in fig.axes[0].get_lines()}
+    ys = list(lines["measured"].get_ydata())
+    measured_peak = scheduler.measure(plan.module, inputs, repeats=1).peak_bytes
+    assert max(ys) == pytest.approx(measured_peak / MIB, rel=1e-12)
+    assert abs(plan.estimate.peak_bytes - measured_peak) <= 0.03 * measured_peak
+    # drawn across the prediction's width
+    xs = list(lines["measured"].get_xdata())
+    assert xs[0] == 0 and xs[-1] == pytest.approx(len(plan.estimate.timeline) - 1)
+
+
 def test_plot_timeline_needs_a_timeline():
     from scheduler.simulate import Estimate
 
