@@ -129,9 +129,8 @@ def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, so
 
 
 def _load_all() -> None:
-    # importing the families registers them
-    from . import heuristics  # noqa: F401
-    from . import dp  # noqa: F401
-    from . import cpsat  # noqa: F401
-    from . import auto  # noqa: F401
-    from . import brute  # noqa: F401
+    """Import every solver family: importing one registers its solvers."""
+    import importlib
+
+    for family in ("heuristics", "dp", "cpsat", "auto", "brute"):
+        importlib.import_module(f"{__package__}.{family}")
