@@ -47,23 +47,16 @@ def none(graph: Any) -> Any:
 
 
 def every_block(graph: Any) -> Any:
-    """One recompute region per distinct `Node.block`; nodes outside blocks are kept."""
-    from scheduler.schedule import KEEP, RECOMPUTE, Schedule
+    """The ``every_block`` baseline's schedule: one recompute region per block."""
+    from scheduler.solvers import get_solver
 
-    names = graph.compute_nodes
-    spans, i = [], 0
-    while i < len(names):
-        block = graph.node(names[i]).block
-        j = i
-        while j < len(names) and graph.node(names[j]).block == block:
-            j += 1
-        spans.append((i, j, RECOMPUTE if block else KEEP))
-        i = j
-    return Schedule.from_regions(graph, spans, solver="every_block")
+    return get_solver("every_block")(graph, 1 << 62).schedule
 
 
 def uniform(graph: Any, k: int) -> Any:
-    """``k`` contiguous recompute regions of about equal node count."""
+    """``k`` contiguous recompute regions of about equal node count, all recomputed (unlike
+    the ``uniform:K`` solver, which cuts blocks as ``checkpoint_sequential`` and keeps the
+    last segment)."""
     from scheduler.schedule import RECOMPUTE, Schedule
 
     n = len(graph.compute_nodes)

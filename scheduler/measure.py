@@ -15,7 +15,7 @@ import statistics
 import time
 import weakref
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -472,8 +472,6 @@ def measure_in_turns(cases: dict[Any, tuple[nn.Module, Sequence[Any]]], *, repea
     that a burst of load from elsewhere on the machine slows all of them alike rather than one:
     each case's step time is the median over its rounds, its peak the largest (on CPU every
     round's peak is the same). ``step(description)`` and ``step(advance=1)`` report progress."""
-    import dataclasses
-
     runs: dict[Any, list[Measurement]] = {key: [] for key in cases}
     for i in range(repeats):
         for j, (key, (module, inputs)) in enumerate(cases.items()):
@@ -486,6 +484,6 @@ def measure_in_turns(cases: dict[Any, tuple[nn.Module, Sequence[Any]]], *, repea
     out = {}
     for key, ms in runs.items():
         times = tuple(t for m in ms for t in m.step_s_all)
-        out[key] = dataclasses.replace(ms[0], peak_bytes=max(m.peak_bytes for m in ms),
-                                       step_s=statistics.median(times), step_s_all=times)
+        out[key] = replace(ms[0], peak_bytes=max(m.peak_bytes for m in ms),
+                           step_s=statistics.median(times), step_s_all=times)
     return out
