@@ -106,11 +106,76 @@ def region_costs(graph: CostGraph, schedule: Schedule) -> tuple[Estimate, list["
     return est, sim.region_costs
 
 
+class _Static:
+    """What the simulator derives from a graph alone (positions, readers, backward steps of
+    each node), computed once per graph: solvers simulate thousands of schedules on one."""
+
+    def __init__(self, g: CostGraph):
+        self.pos = {n.name: i for i, n in enumerate(g.nodes)}
+        self.first_step: dict[str, int] = {}
+        self.last_step: dict[str, int] = {}
+        for i, st in enumerate(g.bwd_steps):
+            if st.node:
+                self.first_step.setdefault(st.node, i)
+                self.last_step[st.node] = i
+        self.n_steps = len(g.bwd_steps)
+        users: dict[str, list[str]] = defaultdict(list)
+        for n in g.nodes:
+            for u in n.inputs:
+                users[u].append(n.name)
+        self.users = users
+        # readers of each storage (nodes reading the producer's output or one of its views)
+        self.readers: dict[int, frozenset[str]] = {}
+        for sid, st in g.storages.items():
+            out: set[str] = set()
+            if st.output:
+                out.update(users.get(st.producer, ()))
+                for v in st.views:
+                    out.update(users.get(v, ()))
+            self.readers[sid] = frozenset(out)
+        self.has_saved = frozenset(n.name for n in g.nodes if n.saved)
+        # per storage: (id, storage, producer, readers, whether it is the loss's output)
+        loss_node = g.meta.get("loss_node")
+        self.stor = [(sid, st, st.producer, tuple(self.readers[sid]),
+                      st.producer == loss_node and st.output)
+                     for sid, st in g.storages.items()]
+        # forward events with their bytes: (is allocation, storage id, bytes)
+        self.fwd = {name: [(kind == "a", sid, g.storages[sid].bytes) for kind, sid in evs]
+                    for name, evs in g.fwd_events.items()}
+        # each backward step's gradient events, which no schedule changes, as (node, the
+        # highest running total within the step, the step's net bytes); None: no events
+        self.bwd: list[tuple[str | None, int | None, int]] = []
+        gid_bytes: dict[int, int] = {}
+        for step in g.bwd_steps:
+            cur, top = 0, None
+            for kind, gid, b in step.events:
+                if kind == "a":
+                    gid_bytes[gid] = b
+                    cur += b
+                else:
+                    cur -= gid_bytes.pop(gid, 0)
+                top = cur if top is None or cur > top else top
+            self.bwd.append((step.node, top, cur))
+
+    @staticmethod
+    def of(g: CostGraph) -> "_Static":
+        """The cached `_Static` of ``g`` (rebuilt when its nodes, storages or events change)."""
+        key = (tuple(map(id, g.nodes)), id(g.storages), id(g.fwd_events), id(g.bwd_steps),
+               len(g.storages), len(g.bwd_steps))
+        cached = g.__dict__.get("_sim_static")
+        if cached is None or cached[0] != key:
+            cached = (key, _Static(g))
+            g.__dict__["_sim_static"] = cached
+        return cached[1]
+
+
 class _Sim:
     def __init__(self, g: CostGraph, s: Schedule, *, per_region: bool = False):
         self.g = g
         self.per_region = per_region
-        self.pos = {n.name: i for i, n in enumerate(g.nodes)}
+        st = _Static.of(g)
+        self.static = st
+        self.pos = st.pos
         self.region_of: dict[str, int] = {}
         self.recompute: dict[int, bool] = {}
         self.save: dict[int, frozenset[str]] = {}
@@ -120,21 +185,11 @@ class _Sim:
             for n in r.nodes:
                 self.region_of[n] = ri
         self.regions = s.regions
-        steps = g.bwd_steps
-        self.n_steps = len(steps)
-        self.first_step: dict[str, int] = {}
-        self.last_step: dict[str, int] = {}
-        for i, st in enumerate(steps):
-            if st.node:
-                self.first_step.setdefault(st.node, i)
-                self.last_step[st.node] = i
+        self.n_steps = st.n_steps
+        self.first_step = st.first_step
+        self.last_step = st.last_step
         self.end_step = self.n_steps - 1
-        # readers of each storage (nodes reading the producer's output or one of its views)
-        users: dict[str, list[str]] = defaultdict(list)
-        for n in g.nodes:
-            for u in n.inputs:
-                users[u].append(n.name)
-        self.users = users
+        self.users = st.users
 
     # -- helpers ---------------------------------------------------------------------------
     def _is_rc(self, node: str) -> bool:
@@ -150,10 +205,12 @@ class _Sim:
         nodes = g.nodes
         # -- per recompute region: saver nodes, replay extent, frame lifetime, burst step ----
         rinfo: dict[int, dict[str, Any]] = {}
+        has_saved = self.static.has_saved
+        readers = self.static.readers
         for ri, r in enumerate(self.regions):
             if not r.recompute:
                 continue
-            savers = [n for n in r.nodes if g.node(n).saved]
+            savers = [n for n in r.nodes if n in has_saved]
             if not savers:
                 rinfo[ri] = {"savers": [], "burst": None, "frame_end": -1, "stop": -1}
                 continue
@@ -168,21 +225,25 @@ class _Sim:
         # cached_in[sid]: the recompute region whose save set caches it until the replay
         hold_until: dict[int, int] = {}
         cached_in: dict[int, int] = {}
-        loss_node = g.meta.get("loss_node")
-        for sid, st in g.storages.items():
-            h = self.end_step if st.producer == loss_node and st.output else -1
+        region_of, recompute, last_step = self.region_of, self.recompute, self.last_step
+        end = self.end_step
+        for sid, st, producer, rdrs, loss_out in self.static.stor:
+            h = end if loss_out else -1
             for m in st.savers:
-                if not self._is_rc(m):
-                    h = max(h, self._bwd_done(m))
-            prod_r = self.region_of.get(st.producer)
-            for ri in {self.region_of.get(u) for u in self.readers(st)}:
-                if ri is not None and ri != prod_r and self.recompute[ri]:
+                ri = region_of.get(m)
+                if ri is None or not recompute[ri]:
+                    d = last_step.get(m, end)
+                    if d > h:
+                        h = d
+            prod_r = region_of.get(producer)
+            for ri in {region_of.get(u) for u in rdrs}:
+                if ri is not None and ri != prod_r and recompute[ri]:
                     h = max(h, rinfo[ri]["frame_end"])
-            if (prod_r is not None and self.recompute[prod_r]
-                    and st.producer in self.save[prod_r]):
+            if (prod_r is not None and recompute[prod_r]
+                    and producer in self.save[prod_r]):
                 info = rinfo[prod_r]
-                replayed = self.pos[st.producer] < info["stop"] or (
-                    self.pos[st.producer] == info["stop"] and self._before_mark(sid, info))
+                replayed = self.pos[producer] < info["stop"] or (
+                    self.pos[producer] == info["stop"] and self._before_mark(sid, info))
                 if info["burst"] is not None and replayed:
                     cached_in[sid] = prod_r  # until the replay pops it
                 else:  # never replayed: the cache lives as long as the region's frame
@@ -192,11 +253,16 @@ class _Sim:
         # -- owners, for per-region accounting: a storage belongs to its producer's region, or
         # to the first later region that reads it (a region input); the loss is region R
         R = len(self.regions)
-        phase_of = {n.name: self.region_of.get(n.name, R) for n in nodes}
+        phase_of = {n.name: region_of.get(n.name, R) for n in nodes}
         owner: dict[int, int] = {}
-        for sid, st in g.storages.items():
-            later = [phase_of[u] for u in self.readers(st) if phase_of[u] > phase_of[st.producer]]
-            owner[sid] = min(later) if later else phase_of[st.producer]
+        for sid, _, producer, rdrs, _ in self.static.stor:
+            pp = phase_of[producer]
+            first = pp
+            for u in rdrs:
+                ph = phase_of[u]
+                if ph > pp and (first == pp or ph < first):
+                    first = ph
+            owner[sid] = first
         mem = _Mem(R + 1, track=self.per_region)
 
         # -- forward ---------------------------------------------------------------------------
@@ -205,15 +271,17 @@ class _Sim:
         for sid, st in g.storages.items():
             if hold_until[sid] < 0 and sid not in cached_in and not st.inner_free:
                 free_at[self.pos[st.last_use]].append(sid)
+        fwd = self.static.fwd
+        add = mem.add
         for i, n in enumerate(nodes):
-            mem.phase = phase_of[n.name]
-            for kind, sid in g.fwd_events.get(n.name, ()):
-                if kind == "a":
-                    mem.add(g.storages[sid].bytes, owner[sid])
+            mem.set_phase(phase_of[n.name])
+            for alloc, sid, b in fwd.get(n.name, ()):
+                if alloc:
+                    add(b, owner[sid])
                 elif hold_until[sid] < 0 and sid not in cached_in:
-                    mem.add(-g.storages[sid].bytes, owner[sid])
+                    add(-b, owner[sid])
             for sid in free_at.get(i, ()):
-                mem.add(-g.storages[sid].bytes, owner[sid])
+                add(-g.storages[sid].bytes, owner[sid])
             timeline.append((n.name, mem.cur))
         fwd_peak = mem.peak
 
@@ -227,23 +295,20 @@ class _Sim:
             if info["burst"] is not None:
                 bursts[info["burst"]].append(ri)
         region_s = [0.0] * R
-        gid_bytes: dict[int, int] = {}
-        for i, step in enumerate(g.bwd_steps):
+        for i, (node, top, net) in enumerate(self.static.bwd):
             for ri in bursts.get(i, ()):
-                mem.phase = ri
+                mem.set_phase(ri)
                 region_s[ri] = self._replay(ri, self.regions[ri], rinfo[ri], mem, hold_until,
                                             release, i)
                 timeline.append((f"recompute {self.regions[ri].nodes[0]}", mem.cur))
-            mem.phase = phase_of.get(step.node, R)
-            for kind, gid, b in step.events:
-                if kind == "a":
-                    gid_bytes[gid] = b
-                    mem.add(b, None)
-                else:
-                    mem.add(-gid_bytes.pop(gid, 0), None)
+            mem.set_phase(phase_of.get(node, R))
+            if top is not None:  # the step's gradients: its high point, then where it ends
+                add(top, None)
+                if net != top:
+                    add(net - top, None)
             for b, o in release.pop(i, ()):
-                mem.add(-b, o)
-            timeline.append((f"bwd {step.node or '<loss>'}", mem.cur))
+                add(-b, o)
+            timeline.append((f"bwd {node or '<loss>'}", mem.cur))
 
         base = g.base_bytes
         unsched = g.measured_step_s
@@ -262,14 +327,9 @@ class _Sim:
             timeline=tuple((lbl, base + b) for lbl, b in timeline),
         )
 
-    def readers(self, st: Any) -> set[str]:
-        """Nodes that read a storage: users of its producer's output or of a view of it."""
-        if not st.output:
-            return set()
-        out = set(self.users.get(st.producer, ()))
-        for v in st.views:
-            out.update(self.users.get(v, ()))
-        return out
+    def readers(self, sid: int) -> frozenset[str]:
+        """Nodes that read storage ``sid``: users of its producer's output or of a view of it."""
+        return self.static.readers[sid]
 
     def _before_mark(self, sid: int, info: dict[str, Any]) -> bool:
         """Whether the stopping node of a region allocates storage ``sid`` before the replay
@@ -297,9 +357,10 @@ class _Sim:
         t = 0.0
         at_end = 0  # bytes of replayed values alive until the replay ends
         frees: dict[str, int] = defaultdict(int)
+        fwd = self.static.fwd
         for n in members:
             cached = n in r.save
-            events = g.fwd_events.get(n, ())
+            events = fwd.get(n, ())
             if self.pos[n] == stop:
                 # the last saver: the replay stops when autograd packs its last saved tensor;
                 # its events after that (ops whose inputs it saved, and later ones) never run
@@ -309,10 +370,10 @@ class _Sim:
                     continue
             if not cached:
                 t += g.node(n).time_s
-            for kind, sid in events:
+            for alloc, sid, _ in events:
                 st = g.storages[sid]
                 held = [m for m in st.savers if m in region]
-                if kind == "f":
+                if not alloc:
                     if not held:
                         mem.add(-st.bytes, ri)
                     continue
@@ -327,7 +388,7 @@ class _Sim:
                 elif st.inner_free:
                     pass  # freed by its recorded event
                 else:
-                    readers = self.readers(st)
+                    readers = self.readers(sid)
                     if readers - region or any(self.pos[u] > stop for u in readers):
                         at_end += st.bytes  # a region output, or read past the early stop
                     else:
@@ -357,7 +418,13 @@ class RegionCost:
 
 class _Mem:
     """Live bytes and their peak; optionally split by owning region, with each region's local
-    peak and the range of what it holds while later regions run."""
+    peak and the range of what it holds while later regions run.
+
+    Equivalent to recording, after every `add`, ``cur - sum(own[:phase])`` into the current
+    phase's local peak and ``own[k]`` (every k < phase) into k's held range; done
+    incrementally (solvers call it millions of times): the sum of earlier owners is kept for
+    the current phase, and ``own[k]`` is recorded when it changes or at a phase's first
+    `add`."""
 
     def __init__(self, n_owners: int, *, track: bool):
         self.cur = 0
@@ -370,24 +437,43 @@ class _Mem:
             self.held_lo = [0] * n_owners
             self.held_hi = [0] * n_owners
             self._seen = [False] * n_owners
+            self._early = 0  # sum(own[:phase])
+            self._fresh = False  # no add yet in this phase
+
+    def set_phase(self, phase: int) -> None:
+        if phase != self.phase:
+            self.phase = phase
+            if self.track:
+                self._early = sum(self.own[:phase])
+                self._fresh = True
+
+    def _hold(self, k: int) -> None:
+        v = self.own[k]
+        if not self._seen[k]:
+            self.held_lo[k] = self.held_hi[k] = v
+            self._seen[k] = True
+        elif v < self.held_lo[k]:
+            self.held_lo[k] = v
+        elif v > self.held_hi[k]:
+            self.held_hi[k] = v
 
     def add(self, b: int, owner: int | None) -> None:
-        self.cur += b
-        if self.cur > self.peak:
-            self.peak = self.cur
+        cur = self.cur = self.cur + b
+        if cur > self.peak:
+            self.peak = cur
         if not self.track:
             return
+        j = self.phase
         if owner is not None:
             self.own[owner] += b
-        j = self.phase
-        early = sum(self.own[:j])
-        self.local[j] = max(self.local[j], self.cur - early)
-        for k in range(j):
-            v = self.own[k]
-            if not self._seen[k]:
-                self.held_lo[k] = self.held_hi[k] = v
-                self._seen[k] = True
-            elif v < self.held_lo[k]:
-                self.held_lo[k] = v
-            elif v > self.held_hi[k]:
-                self.held_hi[k] = v
+            if owner < j:
+                self._early += b
+                if not self._fresh:
+                    self._hold(owner)
+        v = cur - self._early
+        if v > self.local[j]:
+            self.local[j] = v
+        if self._fresh:
+            self._fresh = False
+            for k in range(j):
+                self._hold(k)
