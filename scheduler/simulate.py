@@ -206,7 +206,6 @@ class _Sim:
         # -- per recompute region: saver nodes, replay extent, frame lifetime, burst step ----
         rinfo: dict[int, dict[str, Any]] = {}
         has_saved = self.static.has_saved
-        readers = self.static.readers
         for ri, r in enumerate(self.regions):
             if not r.recompute:
                 continue
