@@ -183,6 +183,27 @@ def test_cpsat_out_of_time_returns_the_best_cheap_baseline() -> None:
     assert got.estimate.peak_bytes <= budget
 
 
+def test_cpsat_answers_with_a_fitting_baseline_its_units_miss(monkeypatch: Any) -> None:
+    """Where nothing on cpsat's unit points fits but a cheap baseline (cut elsewhere) does,
+    cpsat returns that baseline as FEASIBLE, not INFEASIBLE."""
+    from scheduler.solvers import cpsat as mod
+    from scheduler.solvers import get_solver
+
+    g = random_graph(24, kind="chain", seed=5)
+    n = len(g.compute_nodes)
+    every = get_solver("every_block")(g, 1 << 62)
+    budget = every.estimate.peak_bytes
+    whole = [simulate(g, Schedule.from_regions(g, [(0, n, p)])).peak_bytes
+             for p in ("keep", "recompute")]
+    assert min(whole) > budget  # one unit: neither of its two schedules fits
+    monkeypatch.setattr(mod, "unit_points", lambda graph: [0, n])
+    got = mod.cpsat(g, budget, time_limit_s=CPSAT_LIMIT_S)
+    assert got.status == FEASIBLE
+    assert got.estimate == simulate(g, got.schedule)
+    assert got.estimate.peak_bytes <= budget
+    assert got.estimate.recompute_s <= every.estimate.recompute_s
+
+
 def _compare_cpsat(seed: int, g: CostGraph) -> None:
     """cpsat against brute force over `unit_points`, at every budget; dp too on DAGs, over its
     own (fewer) points, where it applies as well."""
