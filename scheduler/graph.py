@@ -86,6 +86,11 @@ class Node:
     # last tensor it saves (saved inputs are packed before an op runs, saved outputs after):
     # where a replay that stops at this node stops. None: not recorded (see `replay_mark`)
     pack_mark: int | None = None
+    # extra forward time when it runs under a selective-checkpoint policy (the dispatch mode
+    # of `torch.utils.checkpoint.create_selective_checkpoint_contexts` sees every op), per
+    # run, scaled like ``time_s``; a save-set region pays it in forward and in its replay.
+    # None: not measured (counted as 0)
+    sac_s: float | None = None
 
     @property
     def saved_bytes(self) -> int:
@@ -240,6 +245,8 @@ class CostGraph:
                 if s.storage is not None and s.storage not in self.storages:
                     raise CostGraphError(
                         f"nodes[{n.name!r}].saved: unknown storage {s.storage}")
+            if n.sac_s is not None and not n.sac_s >= 0:
+                raise CostGraphError(f"nodes[{n.name!r}].sac_s: {n.sac_s!r} is negative")
             if n.pack_mark is not None and not (
                     0 <= n.pack_mark <= len(self.fwd_events.get(n.name, ()))):
                 raise CostGraphError(
@@ -419,6 +426,7 @@ _NODE_TYPES: dict[str, type | tuple[type, ...]] = {
     "name": str, "op": str, "target": str, "inputs": list, "module_path": str, "block": str,
     "is_loss": bool, "time_s": (int, float), "bwd_time_s": (int, float), "out_bytes": int,
     "saved": list, "shape": str, "pack_mark": (int, type(None)),
+    "sac_s": (int, float, type(None)),
 }
 
 
@@ -429,6 +437,7 @@ def with_step_time(graph: CostGraph, step_s: float) -> CostGraph:
         raise ValueError(f"step times must be positive, got {step_s!r} for a graph measured at "
                          f"{graph.measured_step_s!r}")
     f = step_s / graph.measured_step_s
-    nodes = [replace(n, time_s=n.time_s * f, bwd_time_s=n.bwd_time_s * f) for n in graph.nodes]
+    nodes = [replace(n, time_s=n.time_s * f, bwd_time_s=n.bwd_time_s * f,
+                     sac_s=None if n.sac_s is None else n.sac_s * f) for n in graph.nodes]
     steps = [replace(b, time_s=b.time_s * f) for b in graph.bwd_steps]
     return replace(graph, nodes=nodes, bwd_steps=steps, measured_step_s=step_s)

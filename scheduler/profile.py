@@ -74,10 +74,10 @@ def profile_traced(gm: fx.GraphModule, model: nn.Module, inputs: tuple[Any, ...]
         say("recording memory and saved tensors")
         rec = _Recorder(prog, model, inputs).run()
         say(f"timing {repeats} steps")
-        fwd_t, bwd_t = _time_steps(prog, model, inputs, repeats, rec)
+        fwd_t, bwd_t, sac_t = _time_steps(prog, model, inputs, repeats, rec)
     say("measuring the unscheduled step")
     m = measure(model, inputs, loss_fn=prog.info.loss_fn, repeats=repeats)
-    return _build(prog, rec, fwd_t, bwd_t, m, name, inputs)
+    return _build(prog, rec, fwd_t, bwd_t, m, name, inputs, sac_t)
 
 
 @dataclass
@@ -239,8 +239,10 @@ class _GradFnIndex:
 
 def _time_steps(prog: Program, model: nn.Module, inputs: tuple[Any, ...], repeats: int,
                 rec: _Rec) -> tuple[dict[str, float], list[float]]:
-    """Median forward time per node and median time per recorded backward step."""
+    """Median forward time per node, median time per recorded backward step, and each node's
+    median extra forward time under a selective-checkpoint policy (`_time_sac_forward`)."""
     fwd: dict[str, list[float]] = defaultdict(list)
+    sac: dict[str, list[float]] = defaultdict(list)
     bwd: list[list[float]] = [[] for _ in rec.steps]
     for r in range(repeats + 1):  # the first run warms up
         for p in model.parameters():
@@ -264,10 +266,13 @@ def _time_steps(prog: Program, model: nn.Module, inputs: tuple[Any, ...], repeat
         end = time.perf_counter()
         del loss
         index.clear()
+        sac_times = _time_sac_forward(prog, inputs)
         if r == 0:
             continue
         for k, v in times.items():
             fwd[k].append(v)
+        for k, v in sac_times.items():
+            sac[k].append(v)
         # marks[0] is the seed step; recorded and timed steps run the same sequence
         seq = marks
         if [n for n, _ in seq] == [s["node"] for s in rec.steps]:
@@ -278,11 +283,36 @@ def _time_steps(prog: Program, model: nn.Module, inputs: tuple[Any, ...], repeat
         p.grad = None
     fwd_med = {k: statistics.median(v) for k, v in fwd.items()}
     bwd_med = [statistics.median(v) if v else 0.0 for v in bwd]
-    return fwd_med, bwd_med
+    sac_extra = {k: max(0.0, statistics.median(v) - fwd_med.get(k, 0.0)) for k, v in sac.items()}
+    return fwd_med, bwd_med, sac_extra
+
+
+def _time_sac_forward(prog: Program, inputs: tuple[Any, ...]) -> dict[str, float]:
+    """Each node's forward time under a selective-checkpoint policy's dispatch mode (every op
+    recomputable, so nothing is cached): what a node in a save-set region costs to run."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    times: dict[str, float] = {}
+
+    def around(i: int, node: fx.Node, thunk: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        out = thunk()
+        times[node.name] = time.perf_counter() - t0
+        return out
+
+    fwd_ctx, _ = create_selective_checkpoint_contexts(policy)
+    with fwd_ctx:
+        out = prog.run(inputs, around=around)
+    del out
+    return times
 
 
 def _build(prog: Program, rec: _Rec, fwd_t: dict[str, float], bwd_t: list[float],
-           m: Any, name: str, inputs: tuple[Any, ...]) -> CostGraph:
+           m: Any, name: str, inputs: tuple[Any, ...],
+           sac_t: dict[str, float] | None = None) -> CostGraph:
     info = prog.info
     order = [n.name for n in prog.nodes]
     last_node = order[-1]
@@ -316,6 +346,7 @@ def _build(prog: Program, rec: _Rec, fwd_t: dict[str, float], bwd_t: list[float]
     scale = m.step_s / total if total > 0 and m.step_s > 0 else 1.0
     fwd_t = {k: v * scale for k, v in fwd_t.items()}
     bwd_t = [v * scale for v in bwd_t]
+    sac_t = {k: v * scale for k, v in (sac_t or {}).items()}
     # backward time per node: sum of its steps
     bwd_by_node: dict[str, float] = defaultdict(float)
     for step, t in zip(rec.steps, bwd_t):
@@ -333,6 +364,7 @@ def _build(prog: Program, rec: _Rec, fwd_t: dict[str, float], bwd_t: list[float]
             time_s=fwd_t.get(n.name, 0.0), bwd_time_s=bwd_by_node.get(n.name, 0.0),
             out_bytes=out_bytes, saved=tuple(rec.saved.get(n.name, {}).values()),
             shape=rec.shapes.get(n.name, ""), pack_mark=rec.pack_mark.get(n.name),
+            sac_s=sac_t.get(n.name),
         ))
     steps = [BwdStep(s["node"], t, tuple(s["events"])) for s, t in zip(rec.steps, bwd_t)]
     return CostGraph(

@@ -22,7 +22,9 @@ their backward step, the rest die at their last reader in the replay. Then the s
 gradient allocations and frees happen, then the saved storages it was the last holder of die.
 
 Peak bytes are the base (parameters, buffers, inputs) plus the largest live total at any
-event. Time is the measured unscheduled step plus the forward time of every replayed node.
+event. Time is the measured unscheduled step plus the forward time of every replayed node,
+plus, for a region with a save set, the selective-checkpoint policy's dispatch cost
+(`Node.sac_s`) of its nodes in forward and of its replayed nodes in the replay.
 """
 
 from __future__ import annotations
@@ -134,6 +136,8 @@ class _Static:
                     out.update(users.get(v, ()))
             self.readers[sid] = frozenset(out)
         self.has_saved = frozenset(n.name for n in g.nodes if n.saved)
+        self.times = {n.name: n.time_s for n in g.nodes}
+        self.sac_s = {n.name: n.sac_s for n in g.nodes if n.sac_s}
         # per storage: (id, storage, producer, readers, whether it is the loss's output)
         loss_node = g.meta.get("loss_node")
         self.stor = [(sid, st, st.producer, tuple(self.readers[sid]),
@@ -159,14 +163,19 @@ class _Static:
 
     @staticmethod
     def of(g: CostGraph) -> "_Static":
-        """The cached `_Static` of ``g`` (rebuilt when its nodes, storages or events change)."""
-        key = (tuple(map(id, g.nodes)), id(g.storages), id(g.fwd_events), id(g.bwd_steps),
-               len(g.storages), len(g.bwd_steps))
+        """The cached `_Static` of ``g`` (rebuilt when its nodes, storages or events change:
+        the cache holds the very objects it was built from and compares them by identity)."""
+        key = (g.nodes, g.storages, g.fwd_events, g.bwd_steps,
+               len(g.storages), len(g.bwd_steps), len(g.fwd_events))
         cached = g.__dict__.get("_sim_static")
-        if cached is None or cached[0] != key:
-            cached = (key, _Static(g))
-            g.__dict__["_sim_static"] = cached
-        return cached[1]
+        if cached is not None:
+            old = cached[0]
+            if (len(old[0]) == len(g.nodes) and all(a is b for a, b in zip(old[0], g.nodes))
+                    and all(a is b for a, b in zip(old[1:4], key[1:4])) and old[4:] == key[4:]):
+                return cached[1]
+        static = _Static(g)
+        g.__dict__["_sim_static"] = ((tuple(g.nodes), *key[1:]), static)
+        return static
 
 
 class _Sim:
@@ -294,10 +303,14 @@ class _Sim:
             if info["burst"] is not None:
                 bursts[info["burst"]].append(ri)
         region_s = [0.0] * R
+        sac_s = self.static.sac_s
+        for ri, r in enumerate(self.regions):
+            if r.recompute and r.save:  # the policy's dispatch mode sees every forward op
+                region_s[ri] += sum(sac_s.get(n, 0.0) for n in r.nodes)
         for i, (node, top, net) in enumerate(self.static.bwd):
             for ri in bursts.get(i, ()):
                 mem.set_phase(ri)
-                region_s[ri] = self._replay(ri, self.regions[ri], rinfo[ri], mem, hold_until,
+                region_s[ri] += self._replay(ri, self.regions[ri], rinfo[ri], mem, hold_until,
                                             release, i)
                 timeline.append((f"recompute {self.regions[ri].nodes[0]}", mem.cur))
             mem.set_phase(phase_of.get(node, R))
@@ -356,7 +369,7 @@ class _Sim:
         t = 0.0
         at_end = 0  # bytes of replayed values alive until the replay ends
         frees: dict[str, int] = defaultdict(int)
-        fwd = self.static.fwd
+        fwd, times, sac_s = self.static.fwd, self.static.times, self.static.sac_s
         for n in members:
             cached = n in r.save
             events = fwd.get(n, ())
@@ -368,7 +381,9 @@ class _Sim:
                 if not events:
                     continue
             if not cached:
-                t += g.node(n).time_s
+                t += times[n]
+            if r.save:  # and in the replay (cached nodes too: their ops are looked up)
+                t += sac_s.get(n, 0.0)
             for alloc, sid, _ in events:
                 st = g.storages[sid]
                 held = [m for m in st.savers if m in region]
