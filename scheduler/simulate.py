@@ -70,6 +70,13 @@ def simulate(graph: CostGraph, schedule: Schedule) -> Estimate:
     return _Sim(graph, schedule).run()
 
 
+def gradient_steps(graph: CostGraph) -> list[tuple[str | None, int | None, int]]:
+    """Per backward step, its gradient events (which no schedule changes) folded: (node, the
+    highest running total of bytes within the step, the step's net bytes); the total is None
+    for a step without events. Computed once per graph."""
+    return _Static.of(graph).bwd
+
+
 class ReplayProbe:
     """Replays of candidate recompute regions on one graph, sharing the setup (for solvers
     that price many regions)."""

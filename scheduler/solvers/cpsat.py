@@ -49,7 +49,7 @@ from typing import Any
 
 from ..graph import CostGraph
 from ..schedule import KEEP, RECOMPUTE, Schedule
-from ..simulate import ReplayProbe, simulate
+from ..simulate import ReplayProbe, gradient_steps, simulate
 from .base import FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult, finish, register
 from .dp import chain_cuts
 
@@ -224,7 +224,7 @@ class _Model:
                 const += b
             elif lit is not False:
                 coef.add(lit, b)
-        grad_cur, gid_bytes, highest = 0, {}, -1
+        grad_cur, highest, grads = 0, -1, gradient_steps(g)
         # what is alive before a step, kept for the steps a replay can happen at: a region
         # replays at the first backward step of its savers, so at some unit's first one
         first_of: dict[int, int] = {}
@@ -234,7 +234,7 @@ class _Model:
         replay_steps = set(first_of.values())
         alive_before: dict[int, tuple[int, list[tuple[int, Any]]]] = {}
         self.alive_before = alive_before
-        for k, step in enumerate(g.bwd_steps):
+        for k in range(len(g.bwd_steps)):
             self._check_time()
             for j in changes.get(k, ()):
                 b, terms = items[j][2], items[j][4]
@@ -250,14 +250,8 @@ class _Model:
                 elif new is not False:
                     coef.add(new, b)
                 lit_of[j] = new
-            run = peak = grad_cur
-            for kind, gid, b in step.events:
-                if kind == "a":
-                    gid_bytes[gid] = b
-                    run += b
-                else:
-                    run -= gid_bytes.pop(gid, 0)
-                peak = max(peak, run)
+            top, net = grads[k][1], grads[k][2]
+            peak, run = grad_cur + max(0, top or 0), grad_cur + net
             if k in replay_steps:
                 alive_before[k] = (grad_cur + const, coef.pairs())
             if copies[k] or const + peak > highest:
