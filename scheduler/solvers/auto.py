@@ -27,12 +27,19 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
          ) -> SolveResult:
     """Best of ``dp`` and the baselines under the budget (see the module docstring)."""
     started = time.perf_counter()
+
+    def left() -> float | None:  # cpsat gets what the others leave of the limit (1 s at least)
+        if time_limit_s is None:
+            return None
+        return max(1.0, time_limit_s - (time.perf_counter() - started))
+
+    # the baselines run first (seconds at most, on thousands of nodes), so that the time
+    # limit covers them; the list keeps dp first, so that dp wins a tie with a baseline
+    baselines = [get_solver(name)(graph, budget_bytes, time_limit_s=time_limit_s)
+                 for name in BASELINES]
     results = [get_solver("dp")(graph, budget_bytes, time_limit_s=time_limit_s)]
-    left = None if time_limit_s is None else max(1.0, time_limit_s - (time.perf_counter()
-                                                                        - started))
-    results.append(get_solver("cpsat")(graph, budget_bytes, time_limit_s=left))
-    results += [get_solver(name)(graph, budget_bytes, time_limit_s=time_limit_s)
-                for name in BASELINES]
+    results.append(get_solver("cpsat")(graph, budget_bytes, time_limit_s=left()))
+    results += baselines
     fitting = [r for r in results if r.status != INFEASIBLE]
     if fitting:
         # ties go to the earlier entry, so dp wins a tie with a baseline

@@ -1,8 +1,9 @@
 """``cpsat``: OR-Tools CP-SAT over region schedules of general graphs, with lazy checks.
 
-**Space.** Region boundaries at `unit_points` (block boundaries and chain cuts, merged so that
-every unit has a node that saves tensors for backward), each region ``keep`` or ``recompute``,
-no save sets.
+**Space.** Region boundaries at `unit_points` (block boundaries, chain cuts and, on graphs
+with few blocks, cuts inside blocks as cheap as a block boundary; merged so that every unit
+has a node that saves tensors for backward), each region ``keep`` or ``recompute``, no save
+sets.
 
 **Model.** Booleans ``cut[c]`` (a region boundary at point c) and ``rc[u]`` (unit u is
 recomputed; units of one region share it). A storage is *held* past its last forward reader
@@ -51,29 +52,59 @@ from ..graph import CostGraph
 from ..schedule import KEEP, RECOMPUTE, Schedule
 from ..simulate import ReplayProbe, gradient_steps, simulate
 from .base import FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult, finish, register
-from .dp import chain_cuts
+from .dp import chain_cuts, crossing_counts
 
 __all__ = ["cpsat", "unit_points"]
 
 _NS = 1e9
 
 
+#: unit_points adds cuts inside blocks only while there are fewer units than this: each unit
+#: more makes CP-SAT's search longer (the U-Net's 25 units prove in under a second each;
+#: with 47 it needs more than 10 s)
+EXTRA_UNITS = 24
+
+
 def unit_points(graph: CostGraph, *, max_units: int = 48) -> list[int]:
-    """The region boundaries of the cpsat space: ``[0, ..., n]`` over ``graph.compute_nodes``."""
+    """The region boundaries of the cpsat space: ``[0, ..., n]`` over ``graph.compute_nodes``.
+
+    Block boundaries and chain cuts; where that leaves fewer than `EXTRA_UNITS` units, also
+    positions inside blocks that no more storages cross than some block boundary does
+    (`crossing_counts`: cuts as cheap as a block's, such as before a transformer block's
+    MLP), evenly thinned to `EXTRA_UNITS` units. Units merge until each has a node that saves
+    tensors for backward."""
     names = graph.compute_nodes
     n = len(names)
     blocks = [graph.node(x).block for x in names]
-    cuts = sorted({c for c in range(1, n) if blocks[c] != blocks[c - 1]} | set(chain_cuts(graph)))
+    has_saver = [bool(graph.node(x).saved) for x in names]
+    bounds = {c for c in range(1, n) if blocks[c] != blocks[c - 1]}
+    cuts = sorted(bounds | set(chain_cuts(graph)))
+    room = min(max_units, EXTRA_UNITS) - 1 - len(cuts)
+    if bounds and room > 0:
+        counts = crossing_counts(graph)
+        cheap = max(counts[c] for c in bounds)
+        extra = set(_with_savers([0, *sorted({*cuts, *(
+            c for c in range(1, n) if counts[c] <= cheap)}), n], has_saver)) - {*cuts, 0, n}
+        extra = sorted(extra)
+        if len(extra) > room:
+            extra = sorted({extra[int(i * len(extra) / room)] for i in range(room)})
+        cuts = sorted({*cuts, *extra})
     if len(cuts) + 1 > max_units:
         cuts = [c for c in cuts if blocks[c] != blocks[c - 1]]
     if len(cuts) + 1 > max_units:
         step = len(cuts) / (max_units - 1)
         cuts = sorted({cuts[int(i * step)] for i in range(max_units - 1)})
-    has_saver = [bool(graph.node(x).saved) for x in names]
-    pts = [0, *cuts, n]
+    return _with_savers([0, *cuts, n], has_saver)
+
+
+def _with_savers(points: list[int], has_saver: list[bool]) -> list[int]:
+    """``points`` (first 0, last n) merged so that each unit has a node that saves tensors:
+    a unit ends at the first point after such a node; the last unit, if it has none, joins
+    the one before."""
+    n = points[-1]
     merged = [0]
-    for a, b in zip(pts, pts[1:]):  # drop the right end of units with no saver
-        if any(has_saver[a:b]) or b == n:
+    for b in points[1:]:
+        if any(has_saver[merged[-1]:b]) or b == n:
             merged.append(b)
     if len(merged) > 2 and not any(has_saver[merged[-2]:n]):
         merged.pop(-2)

@@ -33,7 +33,7 @@ from ..schedule import KEEP, RECOMPUTE, Schedule
 from ..simulate import region_costs
 from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, register
 
-__all__ = ["chain_cuts", "dp", "RegionTable", "region_options", "save_candidates", "table_for"]
+__all__ = ["chain_cuts", "crossing_counts", "dp", "RegionTable", "region_options", "save_candidates", "table_for"]
 
 POLICIES = (KEEP, RECOMPUTE)
 
@@ -59,21 +59,27 @@ def _storage_spans(graph: CostGraph) -> tuple[int, list[tuple[int, int, str]]]:
     return n, spans
 
 
-def chain_cuts(graph: CostGraph) -> list[int]:
-    """Positions c (0 < c < n over ``graph.compute_nodes``) that at most one forward storage
-    crosses: produced before c and read or saved at or after c. O(storages + nodes)."""
+def crossing_counts(graph: CostGraph) -> list[int]:
+    """For each position c (0 <= c <= n over ``graph.compute_nodes``), how many forward
+    storages cross it: produced before c and read or saved at or after c. O(storages + n)."""
     n, spans = _storage_spans(graph)
-    crossing = [0] * (n + 2)
+    delta = [0] * (n + 2)
     for p, last, _ in spans:
         if last > p:  # crosses every cut c with p < c <= last
-            crossing[p + 1] += 1
-            crossing[min(last, n) + 1] -= 1
-    cuts, running = [], 0
-    for c in range(1, n + 1):
-        running += crossing[c]
-        if c < n and running <= 1:
-            cuts.append(c)
-    return cuts
+            delta[p + 1] += 1
+            delta[min(last, n) + 1] -= 1
+    out, running = [], 0
+    for c in range(n + 1):
+        running += delta[c]
+        out.append(running)
+    return out
+
+
+def chain_cuts(graph: CostGraph) -> list[int]:
+    """Positions c (0 < c < n over ``graph.compute_nodes``) that at most one forward storage
+    crosses (`crossing_counts`)."""
+    counts = crossing_counts(graph)
+    return [c for c in range(1, len(counts) - 1) if counts[c] <= 1]
 
 
 #: How many of a recompute region's slowest nodes dp may cache (each region is offered none,
