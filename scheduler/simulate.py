@@ -103,14 +103,15 @@ class ReplayProbe:
         return min(steps), mem.peak, {k: sum(b for b, _ in v) for k, v in release.items()}
 
 
-def region_costs(graph: CostGraph, schedule: Schedule) -> tuple[Estimate, list["RegionCost"]]:
+def region_costs(graph: CostGraph, schedule: Schedule, *, timeline: bool = True
+                 ) -> tuple[Estimate, list["RegionCost"]]:
     """`simulate`, plus each region's `RegionCost` (the loss is one more region, last).
 
     Slower than `simulate` by a factor of the number of regions; used by solvers to compose
-    regions on chains.
+    regions on chains. ``timeline=False`` leaves the estimate's timeline empty (faster).
     """
     schedule.validate(graph)
-    sim = _Sim(graph, schedule, per_region=True)
+    sim = _Sim(graph, schedule, per_region=True, timeline=timeline)
     est = sim.run()
     return est, sim.region_costs
 
@@ -186,9 +187,11 @@ class _Static:
 
 
 class _Sim:
-    def __init__(self, g: CostGraph, s: Schedule, *, per_region: bool = False):
+    def __init__(self, g: CostGraph, s: Schedule, *, per_region: bool = False,
+                 timeline: bool = True):
         self.g = g
         self.per_region = per_region
+        self.timeline = timeline
         st = _Static.of(g)
         self.static = st
         self.pos = st.pos
@@ -282,6 +285,7 @@ class _Sim:
 
         # -- forward ---------------------------------------------------------------------------
         timeline: list[tuple[str, int]] = []
+        keep_timeline = self.timeline
         free_at: dict[int, list[int]] = defaultdict(list)
         for sid, st in g.storages.items():
             if hold_until[sid] < 0 and sid not in cached_in and not st.inner_free:
@@ -297,7 +301,8 @@ class _Sim:
                     add(-b, owner[sid])
             for sid in free_at.get(i, ()):
                 add(-g.storages[sid].bytes, owner[sid])
-            timeline.append((n.name, mem.cur))
+            if keep_timeline:
+                timeline.append((n.name, mem.cur))
         fwd_peak = mem.peak
 
         # -- backward --------------------------------------------------------------------------
@@ -319,7 +324,8 @@ class _Sim:
                 mem.set_phase(ri)
                 region_s[ri] += self._replay(ri, self.regions[ri], rinfo[ri], mem, hold_until,
                                             release, i)
-                timeline.append((f"recompute {self.regions[ri].nodes[0]}", mem.cur))
+                if keep_timeline:
+                    timeline.append((f"recompute {self.regions[ri].nodes[0]}", mem.cur))
             mem.set_phase(phase_of.get(node, R))
             if top is not None:  # the step's gradients: its high point, then where it ends
                 add(top, None)
@@ -327,7 +333,8 @@ class _Sim:
                     add(net - top, None)
             for b, o in release.pop(i, ()):
                 add(-b, o)
-            timeline.append((f"bwd {node or '<loss>'}", mem.cur))
+            if keep_timeline:
+                timeline.append((f"bwd {node or '<loss>'}", mem.cur))
 
         base = g.base_bytes
         unsched = g.measured_step_s

@@ -180,7 +180,8 @@ class RegionTable:
         spans.append((start, stop, p, save))
         if stop < n:
             spans.append((stop, n, KEEP))
-        _, costs = region_costs(self.graph, Schedule.from_regions(self.graph, spans))
+        _, costs = region_costs(self.graph, Schedule.from_regions(self.graph, spans),
+                                timeline=False)
         j = 1 if start > 0 else 0
         c = costs[j]
         return _Entry(c.local_peak_bytes, c.held_bytes, c.recompute_s,
