@@ -324,3 +324,44 @@ def test_cpsat_units_cut_inside_blocks_where_as_cheap_as_between_them() -> None:
             assert got.estimate.recompute_s <= r.estimate.recompute_s, name
     coarse = [0, *[c for c in points[1:-1] if c in bounds or c < bounds[0]], len(names)]
     assert brute_force(g, budget, points=coarse).status == INFEASIBLE
+
+
+def test_cpsat_out_of_time_answers_the_better_of_its_find_and_the_warm_start(
+        monkeypatch: Any) -> None:
+    """When CP-SAT runs out of time with a fitting schedule worse than the warm start, cpsat
+    answers with the warm start (FEASIBLE), its bound lowered to the warm start's time."""
+    from scheduler.solvers import cpsat as mod
+    from scheduler.solvers import get_solver
+
+    g = random_graph(40, kind="dag", seed=7)
+    worse = Schedule.from_regions(g, [(0, len(g.compute_nodes), "recompute")])
+    every = get_solver("every_block")(g, 1 << 62)
+    budget = max(every.estimate.peak_bytes, simulate(g, worse).peak_bytes)
+    warm = mod._warm_start(g, budget)
+    warm_s = simulate(g, warm).recompute_s
+    assert simulate(g, worse).recompute_s > warm_s
+    monkeypatch.setattr(mod, "_solve_lazy", lambda *a, **k: (FEASIBLE, worse, warm_s * 2))
+    got = mod.cpsat(g, budget, time_limit_s=1.0)
+    assert got.status == FEASIBLE and got.estimate == simulate(g, warm)
+    assert got.lower_bound_s == warm_s and got.gap == 0.0
+
+
+def test_cpsat_incumbents_keep_the_best_schedule_that_fits() -> None:
+    """Every improving CP-SAT solution is simulated; the best that fits is kept. Solved to
+    optimality, the kept one is the optimum itself (which fits on this chain)."""
+    from ortools.sat.python import cp_model
+
+    from scheduler.solvers import cpsat as mod
+
+    g = random_graph(8, kind="chain", seed=4)
+    points = mod.unit_points(g)
+    budget = brute_force(g, 0, points=points).min_feasible_bytes
+    budget += (g.measured_peak_bytes - budget) // 2
+    ref = brute_force(g, budget, points=points)
+    model = mod._Model(g, points, budget)
+    seen = mod._Incumbents(model, g, budget)
+    solver = cp_model.CpSolver()
+    assert solver.Solve(model.m, seen.callback()) == cp_model.OPTIMAL
+    assert seen.best is not None
+    assert seen.best[0] == pytest.approx(ref.estimate.recompute_s, rel=REL, abs=0.0)
+    assert simulate(g, seen.best[1]).peak_bytes <= budget

@@ -30,16 +30,21 @@ holder's step. Sums that another sum implies are left out: along forward the lit
 grows, so a node gets a constraint only when its constant part is above every later node's;
 along backward it only shrinks, so a step gets one only when its constant part is above every
 earlier step's (or a replay leaves copies there). Replays are probed shortest region first for
-at most a third of the time limit; the rest get their constraint when a candidate uses one.
+at most a tenth of the time limit; the rest get their constraint when a candidate uses one.
 Dropping a constraint only weakens the relaxation; the simulator still checks every answer.
 Where nothing on the unit points fits but a warm start does, that is the answer (FEASIBLE).
+
+Every improving solution CP-SAT reports is simulated on the way; out of time, the best that
+fits (or the warm start, if better) is the answer.
 
 Running time: exponential in the worst case (CP-SAT); the model has O(units^2 + storages)
 Booleans and O(nodes + backward steps + units^2) linear constraints. On the 2,000-node
 synthetic DAG (48 units) building it with every replay probed takes about 8 s (the probes,
-O(units^2 * nodes)); CP-SAT then needs about 17 s for its first solution and, at 70% of the
-unscheduled peak, reaches 0.42 s of recompute (the warm start: 0.76 s) with a 20% gap after
-40 s. Within 10 s cpsat returns the warm start there.
+O(units^2 * nodes)), with a tenth of a 10 s limit for probing about 2 s; CP-SAT then needs 5
+to 8 s for a first solution, so within 10 s cpsat sometimes beats its warm start (one run:
+0.50 and 0.44 s of recompute at 90% and 70% of the unscheduled peak, against the warm start's
+0.51 and 0.76 s) and often returns it (another run: at every budget from 90% to 50%). Given
+40 s on the fully probed model at 70%, CP-SAT reaches 0.42 s with a 20% gap.
 """
 
 from __future__ import annotations
@@ -437,24 +442,24 @@ class _Model:
         return Schedule.from_regions(self.g, spans, meta={"space": "cpsat unit points"})
 
     def hint(self, schedule: Schedule) -> bool:
-        """Warm start from ``schedule`` when its region boundaries are all unit points;
-        returns whether it could."""
+        """Warm start from ``schedule``, its region boundaries moved to the nearest unit
+        points (a hint need not be feasible); returns whether none had to move."""
         bounds, i = [0], 0
         policy = []
         for r in schedule.regions:
             i += len(r.nodes)
             bounds.append(i)
             policy.append(r.recompute)
-        if not set(bounds) <= set(self.points):
-            return False
+        pts = self.points
+        snapped = [min(pts, key=lambda p: (abs(p - b), p)) for b in bounds]
         region = 0
-        for u, p in enumerate(self.points[:-1]):
-            while bounds[region + 1] <= p:
+        for u, p in enumerate(pts[:-1]):
+            while region + 1 < len(snapped) - 1 and snapped[region + 1] <= p:
                 region += 1
             self.m.AddHint(self.rc[u], policy[region])
             if self.cut[u] is not None:
-                self.m.AddHint(self.cut[u], p in bounds)
-        return True
+                self.m.AddHint(self.cut[u], p in snapped)
+        return snapped == bounds
 
     def forbid(self, solver: Any) -> None:
         """No-good: exclude the current assignment of cuts and policies."""
@@ -488,11 +493,12 @@ def _linear(pairs: list[tuple[int, Any]]) -> Any:
 
 
 def _probe_until(deadline: float | None) -> float | None:
-    """Probing replays up front may take a third of the time left; the rest are added as
-    candidates use them."""
+    """Probing replays up front may take a tenth of the time left; the rest are added as
+    candidates use them (on the 2,000-node synthetic DAG, probing all 1,176 regions takes
+    longer than CP-SAT's search for a first answer)."""
     if deadline is None:
         return None
-    return time.perf_counter() + (deadline - time.perf_counter()) / 3
+    return time.perf_counter() + (deadline - time.perf_counter()) / 10
 
 
 def _cp_solver(deadline: float | None) -> Any:
@@ -513,7 +519,11 @@ def _solve_lazy(graph: CostGraph, points: list[int], budget: int, deadline: floa
                 warm: Schedule | None = None
                 ) -> tuple[str, Schedule | None, float | None]:
     """(status, schedule, lower bound in s) for the budget; status of the master problem
-    (``"TIMEOUT"`` when time ran out first; the bound is then CP-SAT's, when it has one)."""
+    (``"TIMEOUT"`` when time ran out first; the bound is then CP-SAT's, when it has one).
+
+    Every improving solution CP-SAT reports on the way is simulated (`_Incumbents`): when time
+    runs out, or the last one breaks a replay the model had not probed yet, the best that fits
+    is the answer (FEASIBLE)."""
     from ortools.sat.python import cp_model
 
     try:
@@ -524,8 +534,9 @@ def _solve_lazy(graph: CostGraph, points: list[int], budget: int, deadline: floa
     if warm is not None:
         model.hint(warm)
     bound = None
+    seen = _Incumbents(model, graph, budget)
     while (solver := _cp_solver(deadline)) is not None:
-        st = solver.Solve(model.m)
+        st = solver.Solve(model.m, seen.callback())
         if st == cp_model.INFEASIBLE:
             return INFEASIBLE, None, None
         # the master is a relaxation: its bound holds over the space (no-goods only cut off
@@ -538,7 +549,34 @@ def _solve_lazy(graph: CostGraph, points: list[int], budget: int, deadline: floa
             return (OPTIMAL if st == cp_model.OPTIMAL else FEASIBLE), sched, bound
         model.add_replays(sched)
         model.forbid(solver)
+    if seen.best is not None:
+        return FEASIBLE, seen.best[1], bound
     return "TIMEOUT", None, bound
+
+
+class _Incumbents:
+    """The best schedule that fits (by the simulator) among the solutions CP-SAT reports."""
+
+    def __init__(self, model: "_Model", graph: CostGraph, budget: int):
+        self.model, self.graph, self.budget = model, graph, budget
+        self.best: tuple[float, Schedule] | None = None
+
+    def callback(self) -> Any:
+        from ortools.sat.python import cp_model
+
+        outer = self
+
+        class _Callback(cp_model.CpSolverSolutionCallback):
+            def on_solution_callback(self) -> None:
+                if outer.best is not None and self.ObjectiveValue() / _NS >= outer.best[0]:
+                    return
+                sched = outer.model.schedule(self)
+                est = simulate(outer.graph, sched)
+                if est.peak_bytes <= outer.budget and (
+                        outer.best is None or est.recompute_s < outer.best[0]):
+                    outer.best = (est.recompute_s, sched)
+
+        return _Callback()
 
 
 def _min_feasible(graph: CostGraph, points: list[int], deadline: float | None) -> int | None:
@@ -586,8 +624,9 @@ def _warm_start(graph: CostGraph, budget_bytes: int) -> Schedule | None:
 def cpsat(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
           ) -> SolveResult:
     """CP-SAT over region schedules at `unit_points` (see the module docstring), warm-started
-    with the best fitting cheap baseline, which it returns as FEASIBLE (with CP-SAT's proven
-    bound, when there is one) if it runs out of time before finding a schedule that fits."""
+    with the best fitting cheap baseline. Out of time, it returns the better of the best
+    schedule found that fits and that baseline, as FEASIBLE with CP-SAT's proven bound (when
+    there is one; no higher than the baseline's time, which may lie off the unit points)."""
     started = time.perf_counter()
     deadline = None if time_limit_s is None else started + time_limit_s
     points = unit_points(graph)
@@ -600,10 +639,15 @@ def cpsat(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = N
         return finish(graph, budget_bytes, None, solver="cpsat", started=started,
                       status=INFEASIBLE,
                       min_feasible_bytes=_min_feasible(graph, points, deadline))
-    if sched is None:  # out of time before finding a schedule that fits
-        if warm is not None:
-            return finish(graph, budget_bytes, warm, solver="cpsat", started=started,
-                          status=FEASIBLE, lower_bound_s=bound)
+    warm_s = None if warm is None else simulate(graph, warm).recompute_s
+    if status != OPTIMAL and warm_s is not None and bound is not None:
+        bound = min(bound, warm_s)  # a bound over the unit points and the warm start
+    if status != OPTIMAL and warm_s is not None and (
+            sched is None or warm_s < simulate(graph, sched).recompute_s):
+        # out of time before finding a schedule that fits, or one that beats the warm start
+        return finish(graph, budget_bytes, warm, solver="cpsat", started=started,
+                      status=FEASIBLE, lower_bound_s=bound)
+    if sched is None:
         return finish(graph, budget_bytes, None, solver="cpsat", started=started,
                       status=INFEASIBLE)
     return finish(graph, budget_bytes, sched, solver="cpsat", started=started,
