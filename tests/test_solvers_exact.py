@@ -365,3 +365,15 @@ def test_cpsat_incumbents_keep_the_best_schedule_that_fits() -> None:
     assert seen.best is not None
     assert seen.best[0] == pytest.approx(ref.estimate.recompute_s, rel=REL, abs=0.0)
     assert simulate(g, seen.best[1]).peak_bytes <= budget
+
+
+def test_cpsat_equals_brute_force_when_searching_without_presolve_first(
+        monkeypatch: Any) -> None:
+    """Large models are first searched without CP-SAT's presolve, then with it, hinted with
+    the best answer that fits; forced on small graphs, cpsat still returns brute force's
+    optimum and INFEASIBLE exactly when it does."""
+    from scheduler.solvers import cpsat as mod
+
+    monkeypatch.setattr(mod, "LARGE_MODEL", 0)
+    for seed in range(1000, 1004):
+        _compare_cpsat(seed, _graph("dag", seed, max_nodes=7))

@@ -35,16 +35,18 @@ Dropping a constraint only weakens the relaxation; the simulator still checks ev
 Where nothing on the unit points fits but a warm start does, that is the answer (FEASIBLE).
 
 Every improving solution CP-SAT reports is simulated on the way; out of time, the best that
-fits (or the warm start, if better) is the answer.
+fits (or the warm start, if better) is the answer. A model with more than `LARGE_MODEL`
+constraints is searched without CP-SAT's presolve for half the time (answers come within a
+second, but no useful bound), then with it, hinted with the best answer so far.
 
 Running time: exponential in the worst case (CP-SAT); the model has O(units^2 + storages)
 Booleans and O(nodes + backward steps + units^2) linear constraints. On the 2,000-node
-synthetic DAG (48 units) building it with every replay probed takes about 8 s (the probes,
-O(units^2 * nodes)), with a tenth of a 10 s limit for probing about 2 s; CP-SAT then needs 5
-to 8 s for a first solution, so within 10 s cpsat sometimes beats its warm start (one run:
-0.50 and 0.44 s of recompute at 90% and 70% of the unscheduled peak, against the warm start's
-0.51 and 0.76 s) and often returns it (another run: at every budget from 90% to 50%). Given
-40 s on the fully probed model at 70%, CP-SAT reaches 0.42 s with a 20% gap.
+synthetic DAG (48 units, about 14k constraints) building it with every replay probed takes
+about 8 s (the probes, O(units^2 * nodes)), with a tenth of a 10 s limit for probing about
+2 s; presolve then takes 5 to 7 s. Within 10 s, two runs answered at 90%, 70% and 50% of the
+unscheduled peak with 0.12, 0.41 to 0.58 and 0.78 to 0.79 s of recompute, against the warm
+start's 0.51, 0.76 and 0.92 s, but without a bound (gap reported as 100%). Given 40 s on the
+fully probed model at 70%, CP-SAT reaches 0.42 s with a 20% gap.
 """
 
 from __future__ import annotations
@@ -492,6 +494,11 @@ def _linear(pairs: list[tuple[int, Any]]) -> Any:
     return cp_model.LinearExpr.WeightedSum([lit for _, lit in pairs], [b for b, _ in pairs])
 
 
+#: models with more constraints than this are first searched without CP-SAT's presolve (on
+#: the 2,000-node synthetic DAG, about 14k constraints, presolve takes 5 to 7 s)
+LARGE_MODEL = 5000
+
+
 def _probe_until(deadline: float | None) -> float | None:
     """Probing replays up front may take a tenth of the time left; the rest are added as
     candidates use them (on the 2,000-node synthetic DAG, probing all 1,176 regions takes
@@ -535,6 +542,18 @@ def _solve_lazy(graph: CostGraph, points: list[int], budget: int, deadline: floa
         model.hint(warm)
     bound = None
     seen = _Incumbents(model, graph, budget)
+    if deadline is not None and len(model.m.Proto().constraints) > LARGE_MODEL:
+        # CP-SAT's presolve of a large model can take most of the limit before the first
+        # solution: search without it for half the time (good answers, no bound), then
+        # with it, hinted with the best answer that fits (a bound, perhaps better answers)
+        quick = _cp_solver(time.perf_counter() + (deadline - time.perf_counter()) / 2)
+        if quick is not None:
+            quick.parameters.cp_model_presolve = False
+            if quick.Solve(model.m, seen.callback()) == cp_model.INFEASIBLE:
+                return INFEASIBLE, None, None
+            if seen.best is not None:
+                model.m.ClearHints()
+                model.hint(seen.best[1])
     while (solver := _cp_solver(deadline)) is not None:
         st = solver.Solve(model.m, seen.callback())
         if st == cp_model.INFEASIBLE:
