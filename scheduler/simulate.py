@@ -77,6 +77,12 @@ def gradient_steps(graph: CostGraph) -> list[tuple[str | None, int | None, int]]
     return _Static.of(graph).bwd
 
 
+def storage_readers(graph: CostGraph) -> dict[int, frozenset[str]]:
+    """For each storage id, the nodes that read it: users of its producer's output or of a
+    view of it (none for an op-internal storage). Computed once per graph."""
+    return _Static.of(graph).readers
+
+
 class ReplayProbe:
     """Replays of candidate recompute regions on one graph, sharing the setup (for solvers
     that price many regions)."""
@@ -133,7 +139,6 @@ class _Static:
         for n in g.nodes:
             for u in n.inputs:
                 users[u].append(n.name)
-        self.users = users
         # readers of each storage (nodes reading the producer's output or one of its views)
         self.readers: dict[int, frozenset[str]] = {}
         for sid, st in g.storages.items():
@@ -208,13 +213,8 @@ class _Sim:
         self.first_step = st.first_step
         self.last_step = st.last_step
         self.end_step = self.n_steps - 1
-        self.users = st.users
 
     # -- helpers ---------------------------------------------------------------------------
-    def _is_rc(self, node: str) -> bool:
-        ri = self.region_of.get(node)
-        return ri is not None and self.recompute[ri]
-
     def _bwd_done(self, node: str) -> int:
         """Step after which node's saved tensors are released (end if its backward never runs)."""
         return self.last_step.get(node, self.end_step)

@@ -337,7 +337,7 @@ def test_cpsat_out_of_time_answers_the_better_of_its_find_and_the_warm_start(
     worse = Schedule.from_regions(g, [(0, len(g.compute_nodes), "recompute")])
     every = get_solver("every_block")(g, 1 << 62)
     budget = max(every.estimate.peak_bytes, simulate(g, worse).peak_bytes)
-    warm = mod._warm_start(g, budget)
+    warm = mod._warm_start(g, budget).schedule
     warm_s = simulate(g, warm).recompute_s
     assert simulate(g, worse).recompute_s > warm_s
     monkeypatch.setattr(mod, "_solve_lazy", lambda *a, **k: (FEASIBLE, worse, warm_s * 2))

@@ -57,7 +57,7 @@ from typing import Any
 
 from ..graph import CostGraph
 from ..schedule import KEEP, RECOMPUTE, Schedule
-from ..simulate import ReplayProbe, gradient_steps, simulate
+from ..simulate import ReplayProbe, gradient_steps, simulate, storage_readers
 from .base import FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult, finish, register
 from .dp import chain_cuts, crossing_counts
 
@@ -166,16 +166,13 @@ class _Model:
             if g.node(x).saved:
                 unit_done[unit[x]] = max(unit_done[unit[x]], done[x])
         self.unit_done = unit_done
-        users: dict[str, list[str]] = defaultdict(list)
-        for x in g.nodes:
-            for y in x.inputs:
-                users[y].append(x.name)
+        readers_of = storage_readers(g)
 
         # -- holding terms of each storage: (threshold step, literal-or-True) ---------------
         self._cache: dict[Any, Any] = {}
         # (prod_pos, last_pos, bytes, held in forward, [(last step it holds, literal)])
         items: list[tuple[int, int, int, Any, list[tuple[int, Any]]]] = []
-        for st in g.storages.values():
+        for sid, st in g.storages.items():
             if st.inner_free:
                 continue
             terms: list[tuple[int, Any]] = []
@@ -188,10 +185,7 @@ class _Model:
                     terms.append((done[s], True))
             if st.output and st.producer in unit:
                 pu = unit[st.producer]
-                readers = set(users.get(st.producer, ()))
-                for v in st.views:
-                    readers.update(users.get(v, ()))
-                for ru in sorted({unit[r] for r in readers if r in unit} - {pu}):
+                for ru in sorted({unit[r] for r in readers_of[sid] if r in unit} - {pu}):
                     # the frame of ru's region keeps it; in backward counted while ru's own
                     # savers are to come (the region is alive then); held longer by other
                     # units of that region, it is left out: a weaker relaxation, still valid
@@ -626,8 +620,8 @@ def _min_feasible(graph: CostGraph, points: list[int], deadline: float | None) -
 WARM_STARTS = ("every_block", "sqrt", "uniform:2", "uniform:4")
 
 
-def _warm_start(graph: CostGraph, budget_bytes: int) -> Schedule | None:
-    """The fitting schedule with the least recompute time among `WARM_STARTS`, or None."""
+def _warm_start(graph: CostGraph, budget_bytes: int) -> SolveResult | None:
+    """The fitting result with the least recompute time among `WARM_STARTS`, or None."""
     from .base import get_solver
 
     best = None
@@ -636,7 +630,7 @@ def _warm_start(graph: CostGraph, budget_bytes: int) -> Schedule | None:
         if r.status != INFEASIBLE and (best is None
                                        or r.estimate.recompute_s < best.estimate.recompute_s):
             best = r
-    return None if best is None else best.schedule
+    return best
 
 
 @register("cpsat")
@@ -649,7 +643,8 @@ def cpsat(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = N
     started = time.perf_counter()
     deadline = None if time_limit_s is None else started + time_limit_s
     points = unit_points(graph)
-    warm = _warm_start(graph, budget_bytes)
+    warm_result = _warm_start(graph, budget_bytes)
+    warm = None if warm_result is None else warm_result.schedule
     status, sched, bound = _solve_lazy(graph, points, budget_bytes, deadline, warm)
     if status == INFEASIBLE:  # proven: nothing in the space fits
         if warm is not None:  # ... but a baseline off the unit points does
@@ -658,7 +653,7 @@ def cpsat(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = N
         return finish(graph, budget_bytes, None, solver="cpsat", started=started,
                       status=INFEASIBLE,
                       min_feasible_bytes=_min_feasible(graph, points, deadline))
-    warm_s = None if warm is None else simulate(graph, warm).recompute_s
+    warm_s = None if warm_result is None else warm_result.estimate.recompute_s
     if status != OPTIMAL and warm_s is not None and bound is not None:
         bound = min(bound, warm_s)  # a bound over the unit points and the warm start
     if status != OPTIMAL and warm_s is not None and (

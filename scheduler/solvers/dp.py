@@ -30,10 +30,11 @@ from dataclasses import dataclass
 
 from ..graph import CostGraph
 from ..schedule import KEEP, RECOMPUTE, Schedule
-from ..simulate import region_costs
+from ..simulate import region_costs, storage_readers
 from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, register
 
-__all__ = ["chain_cuts", "crossing_counts", "dp", "RegionTable", "region_options", "save_candidates", "table_for"]
+__all__ = ["chain_cuts", "crossing_counts", "dp", "RegionTable", "region_options",
+           "save_candidates", "table_for"]
 
 POLICIES = (KEEP, RECOMPUTE)
 
@@ -44,18 +45,12 @@ def _storage_spans(graph: CostGraph) -> tuple[int, list[tuple[int, int, str]]]:
     names = graph.compute_nodes
     n = len(names)
     idx = {name: i for i, name in enumerate(names)}
-    users: dict[str, list[str]] = {}
-    for node in graph.nodes:
-        for u in node.inputs:
-            users.setdefault(u, []).append(node.name)
+    readers = storage_readers(graph)
     spans = []
-    for st in graph.storages.values():
+    for sid, st in graph.storages.items():
         p = idx.get(st.producer, n)
-        readers = set(st.savers)
-        if st.output:
-            for v in (st.producer, *st.views):
-                readers.update(users.get(v, ()))
-        spans.append((p, max((idx.get(r, n) for r in readers), default=p), st.producer))
+        last = max((idx.get(r, n) for r in (*st.savers, *readers[sid])), default=p)
+        spans.append((p, last, st.producer))
     return n, spans
 
 
