@@ -221,6 +221,8 @@ def _compare_cpsat(seed: int, g: CostGraph) -> None:
             assert got.min_feasible_bytes in (None, ref.min_feasible_bytes), why
             continue
         _check_result(g, got, budget, points)
+        if got.lower_bound_s is not None:  # a proven bound: no schedule in the space beats it
+            assert got.lower_bound_s <= ref.estimate.recompute_s * (1 + REL), why
         if got.status == OPTIMAL:
             assert got.estimate.recompute_s == pytest.approx(
                 ref.estimate.recompute_s, rel=REL, abs=0.0), why
@@ -367,13 +369,16 @@ def test_cpsat_incumbents_keep_the_best_schedule_that_fits() -> None:
     assert simulate(g, seen.best[1]).peak_bytes <= budget
 
 
+@pytest.mark.parametrize("bound_steps", [60, 1])
 def test_cpsat_equals_brute_force_when_searching_without_presolve_first(
-        monkeypatch: Any) -> None:
-    """Large models are first searched without CP-SAT's presolve, then with it, hinted with
-    the best answer that fits; forced on small graphs, cpsat still returns brute force's
-    optimum and INFEASIBLE exactly when it does."""
+        monkeypatch: Any, bound_steps: int) -> None:
+    """Large models are first searched without CP-SAT's presolve, then as a bound model (a few
+    memory constraints, no replay ones) hinted with the best answer that fits; forced on small
+    graphs, even with one memory constraint kept, cpsat still returns brute force's optimum,
+    a bound no higher, and INFEASIBLE exactly when brute force does."""
     from scheduler.solvers import cpsat as mod
 
     monkeypatch.setattr(mod, "LARGE_MODEL", 0)
+    monkeypatch.setattr(mod, "BOUND_STEPS", bound_steps)
     for seed in range(1000, 1004):
         _compare_cpsat(seed, _graph("dag", seed, max_nodes=7))

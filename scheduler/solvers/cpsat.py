@@ -37,16 +37,23 @@ Where nothing on the unit points fits but a warm start does, that is the answer 
 Every improving solution CP-SAT reports is simulated on the way; out of time, the best that
 fits (or the warm start, if better) is the answer. A model with more than `LARGE_MODEL`
 constraints is searched without CP-SAT's presolve for half the time (answers come within a
-second, but no useful bound), then with it, hinted with the best answer so far.
+second, but no useful bound), then the rest of the time goes to a *bound model*, hinted with
+the best answer so far: the same variables and objective with only `BOUND_STEPS` of the
+memory constraints and none of the replay ones, a relaxation of the relaxation that presolves
+in a fraction of a second. Its bound holds over the space; its answers are simulated and cut
+off by no-goods like the full model's, so its first answer that fits, proven optimal, is
+optimal over the space.
 
 Running time: exponential in the worst case (CP-SAT); the model has O(units^2 + storages)
 Booleans and O(nodes + backward steps + units^2) linear constraints. On the 2,000-node
 synthetic DAG (48 units, about 14k constraints) building it with every replay probed takes
 about 8 s (the probes, O(units^2 * nodes)), with a tenth of a 10 s limit for probing about
-2 s; presolve then takes 5 to 7 s. Within 10 s, two runs answered at 90%, 70% and 50% of the
-unscheduled peak with 0.12, 0.41 to 0.58 and 0.78 to 0.79 s of recompute, against the warm
-start's 0.51, 0.76 and 0.92 s, but without a bound (gap reported as 100%). Given 40 s on the
-fully probed model at 70%, CP-SAT reaches 0.42 s with a 20% gap.
+2 s; presolve of the full model then takes 5 to 7 s (its memory constraints have about 900k
+terms). Within 10 s, at 90, 80, 70, 60 and 50% of the unscheduled peak, one run answered
+with 0.13, 0.28, 0.44, 0.57 and 0.83 s of recompute (warm start 0.51, 0.51, 0.76, 0.76 and
+0.92 s), with proven bounds of 0.065, 0.146, 0.272, 0.389 and 0.518 s: gaps of 31 to 49%,
+not the 1% we aim for. Given 40 s on the fully probed model at 70%, CP-SAT reaches 0.42 s
+with a 20% gap.
 """
 
 from __future__ import annotations
@@ -123,15 +130,21 @@ class _Model:
 
     def __init__(self, graph: CostGraph, points: list[int], budget_bytes: int | None,
                  *, objective: bool = True, deadline: float | None = None,
-                 probe_until: float | None = None):
+                 probe_until: float | None = None, steps: int | None = None):
         """With ``budget_bytes=None`` the room above the base is a variable and the objective
         is to minimize it (the least peak of the space). Replays are probed shortest region
         first until ``probe_until`` (a `time.perf_counter` value; None: all of them); the
-        others get their constraint when a candidate uses them (`add_replays`)."""
+        others get their constraint when a candidate uses them (`add_replays`).
+
+        ``steps``: a bound model (see `bound_model`): only that many of the memory
+        constraints of forward nodes and backward steps, and no replay constraints."""
         from ortools.sat.python import cp_model
 
         self.cp_model = cp_model
         self.g, self.points, self.deadline = graph, points, deadline
+        #: a bound model's step constraints, (constant, terms), until `_keep_spread` picks
+        self.deferred: list[tuple[int, list[tuple[int, Any]]]] | None = \
+            None if steps is None else []
         g = graph
         m = self.m = cp_model.CpModel()
         names = g.compute_nodes
@@ -290,8 +303,11 @@ class _Model:
                 self._fits(const + peak, coef.pairs() + copies[k], room)
             highest = max(highest, const + peak)
             grad_cur = run
-        for step, extra, y in bursts:
-            self._burst_fits(step, extra, y)
+        if self.deferred is not None:
+            self._keep_spread(steps, room)
+        else:
+            for step, extra, y in bursts:
+                self._burst_fits(step, extra, y)
 
         # -- objective: replayed forward time, ns -------------------------------------------
         if objective:
@@ -306,6 +322,7 @@ class _Model:
                     pref = sum(g.node(x).time_s for x in upto)
                     if g.replay_mark(last) == 0:  # the replay stops before it runs
                         pref -= g.node(last).time_s
+                # each rounded to within half a ns: the objective is within a ns a unit
                 full_ns, pref_ns = round(full * _NS), round(pref * _NS)
                 terms.append(full_ns * rc[u])
                 if full_ns != pref_ns:
@@ -391,7 +408,20 @@ class _Model:
             if const > room:
                 self.m.AddBoolOr([])  # infeasible whatever the schedule
             return
+        if self.deferred is not None:
+            self.deferred.append((const, expr))
+            return
         self.m.Add(_linear(expr) + const <= room)
+
+    def _keep_spread(self, most: int, room: int) -> None:
+        """Add ``most`` of the deferred step constraints: of those some schedule could break
+        (constant plus every positive term above the room), evenly spaced along the step."""
+        deferred, self.deferred = self.deferred or [], None
+        over = [(c, e) for c, e in deferred if c + sum(b for b, _ in e if b > 0) > room]
+        if len(over) > most:
+            over = [over[int(i * len(over) / most)] for i in range(most)]
+        for const, expr in over:
+            self._fits(const, expr, room)
 
     def _frame(self, pu: int, ru: int) -> Any:
         """Literal: unit ``ru`` is recomputed and a region boundary separates it from ``pu``."""
@@ -534,37 +564,54 @@ def _solve_lazy(graph: CostGraph, points: list[int], budget: int, deadline: floa
         return "TIMEOUT", None, None
     if warm is not None:
         model.hint(warm)
-    bound = None
     seen = _Incumbents(model, graph, budget)
     if deadline is not None and len(model.m.Proto().constraints) > LARGE_MODEL:
         # CP-SAT's presolve of a large model can take most of the limit before the first
-        # solution: search without it for half the time (good answers, no bound), then
-        # with it, hinted with the best answer that fits (a bound, perhaps better answers)
+        # solution: search without it for half the time (good answers, no bound),
+        # then go on with a bound model, hinted with the best answer that fits
         quick = _cp_solver(time.perf_counter() + (deadline - time.perf_counter()) / 2)
         if quick is not None:
             quick.parameters.cp_model_presolve = False
             if quick.Solve(model.m, seen.callback()) == cp_model.INFEASIBLE:
                 return INFEASIBLE, None, None
-            if seen.best is not None:
-                model.m.ClearHints()
-                model.hint(seen.best[1])
+        try:
+            model = _Model(graph, points, budget, deadline=deadline,
+                           probe_until=time.perf_counter(), steps=BOUND_STEPS)
+        except TimeoutError:
+            return ("TIMEOUT", None, None) if seen.best is None else (
+                FEASIBLE, seen.best[1], None)
+        if seen.best is not None:
+            model.hint(seen.best[1])
+        seen.model = model
+    bound = None
     while (solver := _cp_solver(deadline)) is not None:
         st = solver.Solve(model.m, seen.callback())
         if st == cp_model.INFEASIBLE:
             return INFEASIBLE, None, None
         # the master is a relaxation: its bound holds over the space (no-goods only cut off
-        # schedules that do not fit)
-        bound = solver.BestObjectiveBound() / _NS
+        # schedules that do not fit), less what rounding node times to ns may have added
+        got = max(0.0, solver.BestObjectiveBound() - (len(points) - 1)) / _NS
+        bound = got if bound is None else max(bound, got)
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
         sched = model.schedule(solver)
-        if simulate(graph, sched).peak_bytes <= budget:
-            return (OPTIMAL if st == cp_model.OPTIMAL else FEASIBLE), sched, bound
+        est = simulate(graph, sched)
+        if est.peak_bytes <= budget:
+            if st == cp_model.OPTIMAL:
+                return OPTIMAL, sched, est.recompute_s
+            return FEASIBLE, sched, bound
         model.add_replays(sched)
         model.forbid(solver)
     if seen.best is not None:
         return FEASIBLE, seen.best[1], bound
     return "TIMEOUT", None, bound
+
+
+#: the memory constraints a bound model keeps (large models, after their quick search): on
+#: the 2,000-node synthetic DAG at 70%, given 5 s, 20 evenly spread ones gave a bound of
+#: 0.25 s and 60 gave 0.27 s (the best schedule known is about 0.40 s; the full model's
+#: presolve alone takes 5 to 7 s)
+BOUND_STEPS = 60
 
 
 class _Incumbents:
