@@ -29,8 +29,10 @@ plus, for a region with a save set, the selective-checkpoint policy's dispatch c
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+from itertools import accumulate
 from typing import Any
 
 from .graph import CostGraph
@@ -102,11 +104,12 @@ class ReplayProbe:
         steps = [sim.first_step[n] for n in savers if n in sim.first_step]
         if not steps:
             return None, 0, {}
-        mem = _Mem(1, track=False)
-        release: dict[int, list[tuple[int, int]]] = defaultdict(list)
         info = {"stop": sim.pos[savers[-1]], "mark": g.replay_mark(savers[-1])}
-        sim._replay(0, r, info, mem, defaultdict(lambda: -1), release, min(steps))
-        return min(steps), mem.peak, {k: sum(b for b, _ in v) for k, v in release.items()}
+        _, high, _, frees = sim._replay(r, info, {}, min(steps))
+        release: dict[int, int] = defaultdict(int)
+        for step, b in frees:
+            release[step] += b
+        return min(steps), max(high, 0), dict(release)
 
 
 def region_costs(graph: CostGraph, schedule: Schedule, *, timeline: bool = True
@@ -122,12 +125,16 @@ def region_costs(graph: CostGraph, schedule: Schedule, *, timeline: bool = True
     return est, sim.region_costs
 
 
+_REPLAY_MEMO = 500_000  # replays and their frees remembered per graph (some tens of MB at most)
+
+
 class _Static:
     """What the simulator derives from a graph alone (positions, readers, backward steps of
     each node), computed once per graph: solvers simulate thousands of schedules on one."""
 
     def __init__(self, g: CostGraph):
-        self.pos = {n.name: i for i, n in enumerate(g.nodes)}
+        self.names = [n.name for n in g.nodes]
+        self.pos = {name: i for i, name in enumerate(self.names)}
         self.first_step: dict[str, int] = {}
         self.last_step: dict[str, int] = {}
         for i, st in enumerate(g.bwd_steps):
@@ -135,6 +142,9 @@ class _Static:
                 self.first_step.setdefault(st.node, i)
                 self.last_step[st.node] = i
         self.n_steps = len(g.bwd_steps)
+        # per node: the step after which its saved tensors are released (the last step if its
+        # backward never runs)
+        self.done = {name: self.last_step.get(name, self.n_steps - 1) for name in self.names}
         users: dict[str, list[str]] = defaultdict(list)
         for n in g.nodes:
             for u in n.inputs:
@@ -149,16 +159,49 @@ class _Static:
                     out.update(users.get(v, ()))
             self.readers[sid] = frozenset(out)
         self.has_saved = frozenset(n.name for n in g.nodes if n.saved)
+        self.allocs = {name: [sid for kind, sid in evs if kind == "a"]
+                       for name, evs in g.fwd_events.items()}
+        self.replays: dict[tuple, tuple] = {}  # `_Sim._replayed`'s memo
+        self.replays_size = 0  # its entries and their frees
+        self.mark = {name: g.replay_mark(name) for name in self.has_saved}
         self.times = {n.name: n.time_s for n in g.nodes}
         self.sac_s = {n.name: n.sac_s for n in g.nodes if n.sac_s}
-        # per storage: (id, storage, producer, readers, whether it is the loss's output)
+        # per storage: (id, bytes, producer, readers, whether it is the loss's output, savers,
+        # whether a replay that stops at its producer allocates it, see `CostGraph.replay_mark`)
         loss_node = g.meta.get("loss_node")
-        self.stor = [(sid, st, st.producer, tuple(self.readers[sid]),
-                      st.producer == loss_node and st.output)
-                     for sid, st in g.storages.items()]
-        # forward events with their bytes: (is allocation, storage id, bytes)
-        self.fwd = {name: [(kind == "a", sid, g.storages[sid].bytes) for kind, sid in evs]
-                    for name, evs in g.fwd_events.items()}
+        self.stor = []
+        last_use: dict[int, list[int]] = defaultdict(list)  # node position -> storages
+        for sid, st in g.storages.items():
+            mark = self.mark.get(st.producer, 0)
+            before_mark = any(kind == "a" and e == sid
+                              for kind, e in g.fwd_events.get(st.producer, ())[:mark])
+            self.stor.append((sid, st.bytes, st.producer, tuple(self.readers[sid]),
+                              st.producer == loss_node and st.output, st.savers, before_mark))
+            if not st.inner_free:
+                last_use[self.pos[st.last_use]].append(sid)
+        # the forward's events, node after node, as (storage id, bytes added, is allocation):
+        # each node's recorded allocations and frees, then a free of every storage it is the
+        # last reader of (not op temporaries); under a schedule, frees happen only for the
+        # storages nothing holds. Node i's events are fwd_flat[fwd_at[i]:fwd_at[i + 1]]
+        self.fwd_flat: list[tuple[int, int, bool]] = []
+        self.fwd_at = [0]
+        for i, name in enumerate(self.names):
+            for kind, sid in g.fwd_events.get(name, ()):
+                b = g.storages[sid].bytes
+                self.fwd_flat.append((sid, b, True) if kind == "a" else (sid, -b, False))
+            self.fwd_flat.extend((sid, -g.storages[sid].bytes, False) for sid in last_use[i])
+            self.fwd_at.append(len(self.fwd_flat))
+        # per node, its forward events for replays: (is allocation, storage id, bytes, savers,
+        # inner_free, readers, the last reader or None)
+        self.fwd: dict[str, list[tuple[bool, int, int, tuple[str, ...], bool, frozenset[str],
+                                       str | None]]] = {}
+        for name, evs in g.fwd_events.items():
+            self.fwd[name] = []
+            for kind, sid in evs:
+                st, rdrs = g.storages[sid], self.readers[sid]
+                last = max(rdrs, key=self.pos.__getitem__) if rdrs else None
+                self.fwd[name].append((kind == "a", sid, st.bytes, st.savers, st.inner_free,
+                                       rdrs, last))
         # each backward step's gradient events, which no schedule changes, as (node, the
         # highest running total within the step, the step's net bytes); None: no events
         self.bwd: list[tuple[str | None, int | None, int]] = []
@@ -173,6 +216,10 @@ class _Static:
                     cur -= gid_bytes.pop(gid, 0)
                 top = cur if top is None or cur > top else top
             self.bwd.append((step.node, top, cur))
+        # the same as `_Mem` events: (bytes, None) for the high point, then for the end
+        self.bwd_events: list[list[tuple[int, None]]] = [
+            [] if top is None else [(top, None)] if net == top else [(top, None), (net - top, None)]
+            for _, top, net in self.bwd]
 
     @staticmethod
     def of(g: CostGraph) -> "_Static":
@@ -183,7 +230,7 @@ class _Static:
         cached = g.__dict__.get("_sim_static")
         if cached is not None:
             old = cached[0]
-            if (len(old[0]) == len(g.nodes) and all(a is b for a, b in zip(old[0], g.nodes))
+            if (len(old[0]) == len(g.nodes) and all(map(operator.is_, old[0], g.nodes))
                     and all(a is b for a, b in zip(old[1:4], key[1:4])) and old[4:] == key[4:]):
                 return cached[1]
         static = _Static(g)
@@ -201,140 +248,142 @@ class _Sim:
         self.static = st
         self.pos = st.pos
         self.region_of: dict[str, int] = {}
-        self.recompute: dict[int, bool] = {}
-        self.save: dict[int, frozenset[str]] = {}
         for ri, r in enumerate(s.regions):
-            self.recompute[ri] = r.recompute
-            self.save[ri] = r.save
-            for n in r.nodes:
-                self.region_of[n] = ri
+            self.region_of.update(dict.fromkeys(r.nodes, ri))
         self.regions = s.regions
-        self.n_steps = st.n_steps
         self.first_step = st.first_step
-        self.last_step = st.last_step
-        self.end_step = self.n_steps - 1
-
-    # -- helpers ---------------------------------------------------------------------------
-    def _bwd_done(self, node: str) -> int:
-        """Step after which node's saved tensors are released (end if its backward never runs)."""
-        return self.last_step.get(node, self.end_step)
+        self.end_step = st.n_steps - 1
 
     def run(self) -> Estimate:
-        g = self.g
-        nodes = g.nodes
+        g, static = self.g, self.static
+        pos, done, first_step = static.pos, static.done, static.first_step
+        regions = self.regions
+        R = len(regions)
         # -- per recompute region: saver nodes, replay extent, frame lifetime, burst step ----
         rinfo: dict[int, dict[str, Any]] = {}
-        has_saved = self.static.has_saved
-        for ri, r in enumerate(self.regions):
+        frame_of: dict[str, int] = {}  # node of a recompute region -> the region's frame_end
+        has_saved = static.has_saved
+        for ri, r in enumerate(regions):
             if not r.recompute:
                 continue
             savers = [n for n in r.nodes if n in has_saved]
             if not savers:
                 rinfo[ri] = {"savers": [], "burst": None, "frame_end": -1, "stop": -1}
-                continue
-            steps = [self.first_step[n] for n in savers if n in self.first_step]
-            burst = min(steps) if steps else None
-            frame_end = max(self._bwd_done(n) for n in savers)
-            rinfo[ri] = {"savers": savers, "burst": burst, "frame_end": frame_end,
-                         "stop": self.pos[savers[-1]], "mark": g.replay_mark(savers[-1])}
+            else:
+                steps = [first_step[n] for n in savers if n in first_step]
+                burst = min(steps) if steps else None
+                frame_end = max(done[n] for n in savers)
+                rinfo[ri] = {"savers": savers, "burst": burst, "frame_end": frame_end,
+                             "stop": pos[savers[-1]], "mark": static.mark[savers[-1]]}
+            frame_of.update(dict.fromkeys(r.nodes, rinfo[ri]["frame_end"]))
+        save_nodes = frozenset().union(*(r.save for r in regions))  # only recompute regions'
 
-        # -- when each forward storage is released -------------------------------------------
+        # -- when each forward storage is released, and who owns it ---------------------------
         # hold_until[sid]: backward step after which it dies (-1: dies in forward);
-        # cached_in[sid]: the recompute region whose save set caches it until the replay
+        # cached_in[sid]: the recompute region whose save set caches it until the replay.
+        # Owners, for per-region accounting: a storage belongs to its producer's region, or to
+        # the first later region that reads it (a region input); the loss is region R.
         hold_until: dict[int, int] = {}
         cached_in: dict[int, int] = {}
-        region_of, recompute, last_step = self.region_of, self.recompute, self.last_step
+        owner: dict[int, int] = {}
+        phase_of = dict.fromkeys(static.names, R)
+        phase_of.update(self.region_of)
         end = self.end_step
-        for sid, st, producer, rdrs, loss_out in self.static.stor:
+        dead: set[int] = set()  # freed in forward: by a recorded event or at its last use
+        # step -> the frees after it, as `_Mem` events: (-bytes, owner)
+        release: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for sid, b, producer, rdrs, loss_out, savers, before_mark in static.stor:
             h = end if loss_out else -1
-            for m in st.savers:
-                ri = region_of.get(m)
-                if ri is None or not recompute[ri]:
-                    d = last_step.get(m, end)
+            for m in savers:  # saved for backward by a node outside recompute regions
+                if m not in frame_of:
+                    d = done[m]
                     if d > h:
                         h = d
-            prod_r = region_of.get(producer)
-            for ri in {region_of.get(u) for u in rdrs}:
-                if ri is not None and ri != prod_r and recompute[ri]:
-                    h = max(h, rinfo[ri]["frame_end"])
-            if (prod_r is not None and recompute[prod_r]
-                    and producer in self.save[prod_r]):
-                info = rinfo[prod_r]
-                replayed = self.pos[producer] < info["stop"] or (
-                    self.pos[producer] == info["stop"] and self._before_mark(sid, info))
-                if info["burst"] is not None and replayed:
-                    cached_in[sid] = prod_r  # until the replay pops it
-                else:  # never replayed: the cache lives as long as the region's frame
-                    h = max(h, info["frame_end"])
-            hold_until[sid] = h
-
-        # -- owners, for per-region accounting: a storage belongs to its producer's region, or
-        # to the first later region that reads it (a region input); the loss is region R
-        R = len(self.regions)
-        phase_of = {n.name: region_of.get(n.name, R) for n in nodes}
-        owner: dict[int, int] = {}
-        for sid, _, producer, rdrs, _ in self.static.stor:
-            pp = phase_of[producer]
-            first = pp
+            pp = first = phase_of[producer]
             for u in rdrs:
                 ph = phase_of[u]
-                if ph > pp and (first == pp or ph < first):
-                    first = ph
+                if ph != pp:
+                    f = frame_of.get(u)  # an input of another region, a recompute one
+                    if f is not None and f > h:
+                        h = f
+                    if ph > pp and (first == pp or ph < first):
+                        first = ph
             owner[sid] = first
+            if producer in save_nodes:
+                info = rinfo[pp]
+                replayed = pos[producer] < info["stop"] or (
+                    pos[producer] == info["stop"] and before_mark)
+                if info["burst"] is not None and replayed:
+                    cached_in[sid] = pp  # until the replay pops it
+                    hold_until[sid] = h
+                    continue
+                h = max(h, info["frame_end"])  # never replayed: held as long as the frame
+            hold_until[sid] = h
+            if h < 0:
+                dead.add(sid)
+            else:
+                release[h].append((-b, first))
         mem = _Mem(R + 1, track=self.per_region)
-
-        # -- forward ---------------------------------------------------------------------------
+        set_phase, add_many = mem.set_phase, mem.add_many
         timeline: list[tuple[str, int]] = []
         keep_timeline = self.timeline
-        free_at: dict[int, list[int]] = defaultdict(list)
-        for sid, st in g.storages.items():
-            if hold_until[sid] < 0 and sid not in cached_in and not st.inner_free:
-                free_at[self.pos[st.last_use]].append(sid)
-        fwd = self.static.fwd
-        add = mem.add
-        for i, n in enumerate(nodes):
-            mem.set_phase(phase_of[n.name])
-            for alloc, sid, b in fwd.get(n.name, ()):
-                if alloc:
-                    add(b, owner[sid])
-                elif hold_until[sid] < 0 and sid not in cached_in:
-                    add(-b, owner[sid])
-            for sid in free_at.get(i, ()):
-                add(-g.storages[sid].bytes, owner[sid])
+
+        # -- forward: the events of each run of nodes in one phase (of each node, for the
+        # timeline), allocations and the frees of storages nothing holds --------------------
+        names, flat, at = static.names, static.fwd_flat, static.fwd_at
+        phases = [phase_of[name] for name in names]
+        start = 0
+        for i in range(1, len(names) + 1):
+            if i < len(names) and phases[i] == phases[start] and not keep_timeline:
+                continue
+            set_phase(phases[start])
+            add_many([(b, owner[sid]) for sid, b, alloc in flat[at[start]:at[i]]
+                      if alloc or sid in dead])
             if keep_timeline:
-                timeline.append((n.name, mem.cur))
+                timeline.append((names[start], mem.cur))
+            start = i
         fwd_peak = mem.peak
 
-        # -- backward --------------------------------------------------------------------------
-        release: dict[int, list[tuple[int, int]]] = defaultdict(list)  # step -> (bytes, owner)
-        for sid, h in hold_until.items():
-            if h >= 0 and sid not in cached_in:
-                release[h].append((g.storages[sid].bytes, owner[sid]))
+        # -- backward: replays, then each step's gradients and releases (batched by phase) -----
         bursts: dict[int, list[int]] = defaultdict(list)
         for ri, info in rinfo.items():
             if info["burst"] is not None:
                 bursts[info["burst"]].append(ri)
         region_s = [0.0] * R
-        sac_s = self.static.sac_s
-        for ri, r in enumerate(self.regions):
+        sac_s = static.sac_s
+        for ri, r in enumerate(regions):
             if r.recompute and r.save:  # the policy's dispatch mode sees every forward op
                 region_s[ri] += sum(sac_s.get(n, 0.0) for n in r.nodes)
-        for i, (node, top, net) in enumerate(self.static.bwd):
-            for ri in bursts.get(i, ()):
-                mem.set_phase(ri)
-                region_s[ri] += self._replay(ri, self.regions[ri], rinfo[ri], mem, hold_until,
-                                            release, i)
-                if keep_timeline:
-                    timeline.append((f"recompute {self.regions[ri].nodes[0]}", mem.cur))
-            mem.set_phase(phase_of.get(node, R))
-            if top is not None:  # the step's gradients: its high point, then where it ends
-                add(top, None)
-                if net != top:
-                    add(net - top, None)
-            for b, o in release.pop(i, ()):
-                add(-b, o)
+        grads = static.bwd_events
+        events: list[tuple[int, int | None]] = []  # of the steps since the last set_phase
+        for i, (node, _, _) in enumerate(static.bwd):
+            if i in bursts:
+                add_many(events)
+                events = []
+                for ri in bursts[i]:
+                    set_phase(ri)
+                    t, high, net, frees = self._replayed(regions[ri], rinfo[ri], hold_until, i)
+                    region_s[ri] += t
+                    # its bytes belong to region ri, the phase: no earlier owner changes, so
+                    # the high point and the end stand for all its events (see `_Mem`)
+                    add_many([(high, ri)] if net == high else [(high, ri), (net - high, ri)])
+                    for h, b in frees:
+                        release[h].append((-b, ri))
+                    if keep_timeline:
+                        timeline.append((f"recompute {regions[ri].nodes[0]}", mem.cur))
+            phase = phase_of.get(node, R)
+            if phase != mem.phase:
+                add_many(events)
+                events = []
+                set_phase(phase)
+            events += grads[i]  # the step's gradients: its high point, then where it ends
+            if i in release:
+                events += release.pop(i)
             if keep_timeline:
+                add_many(events)
+                events = []
                 timeline.append((f"bwd {node or '<loss>'}", mem.cur))
+        add_many(events)
 
         base = g.base_bytes
         unsched = g.measured_step_s
@@ -353,78 +402,95 @@ class _Sim:
             timeline=tuple((lbl, base + b) for lbl, b in timeline),
         )
 
-    def readers(self, sid: int) -> frozenset[str]:
-        """Nodes that read storage ``sid``: users of its producer's output or of a view of it."""
-        return self.static.readers[sid]
+    def _replayed(self, r: Region, info: dict[str, Any], hold_until: dict[int, int],
+                  step: int) -> tuple[float, int, int, tuple[tuple[int, int], ...]]:
+        """`_replay`, remembered per graph: solvers replay the same regions in many schedules.
+        What it reads of the schedule besides the region is part of the key."""
+        static = self.static
+        # for each storage the save set caches, until when something outside the region holds
+        # it (-1: nothing does, or it let go already)
+        outer = {sid: hold_until[sid] if hold_until[sid] >= step else -1
+                 for n in sorted(r.save) for sid in static.allocs.get(n, ())}
+        key = (r.nodes[0], len(r.nodes), r.save, step, tuple(outer.values()))
+        memo = static.replays
+        hit = memo.get(key)
+        if hit is None:
+            if static.replays_size > _REPLAY_MEMO:
+                memo.clear()
+                static.replays_size = 0
+            hit = memo[key] = self._replay(r, info, outer, step)
+            static.replays_size += 1 + len(hit[3])
+        return hit
 
-    def _before_mark(self, sid: int, info: dict[str, Any]) -> bool:
-        """Whether the stopping node of a region allocates storage ``sid`` before the replay
-        stops (see `CostGraph.replay_mark`)."""
-        st = self.g.storages[sid]
-        events = self.g.fwd_events.get(st.producer, ())
-        return any(kind == "a" and e == sid for kind, e in events[:info["mark"]])
+    def _replay(self, r: Region, info: dict[str, Any], outer: dict[int, int], step: int
+                ) -> tuple[float, int, int, tuple[tuple[int, int], ...]]:
+        """Recompute region ``r`` before backward step ``step`` (its first backward unpack).
 
-    def _replay(self, ri: int, r: Region, info: dict[str, Any], mem: "_Mem",
-                hold_until: dict[int, int], release: dict[int, list[tuple[int, int]]],
-                step: int) -> float:
-        """Recompute region ``ri`` before backward step ``step`` (its first backward unpack);
-        returns its time.
+        Returns its time; the highest running total of the bytes it adds and where that total
+        ends (its events, folded); and the copies it leaves alive, as (the step after which
+        they are freed, bytes).
 
         Non-save nodes allocate new copies; save-set nodes hand over the storages forward
         cached (no allocation, no time). Either way a value then lives until its holders'
         backward if the region's nodes saved it, else until its last reader in the replay, or
         to the end of the replay if it is read only after the region or after the early stop.
-        Replayed copies belong to region ``ri``.
+        A cached storage that something outside the region holds (``outer``, by storage: until
+        when; a later recompute region's input) stays as long as that holder.
         """
-        g = self.g
+        static = self.static
+        pos, done, fwd, times, sac_s = (static.pos, static.done, static.fwd, static.times,
+                                        static.sac_s)
         stop = info["stop"]
-        members = [n for n in r.nodes if self.pos[n] <= stop]
         region = set(r.nodes)
         t = 0.0
         at_end = 0  # bytes of replayed values alive until the replay ends
-        frees: dict[str, int] = defaultdict(int)
-        fwd, times, sac_s = self.static.fwd, self.static.times, self.static.sac_s
-        for n in members:
+        frees: dict[str, int] = defaultdict(int)  # bytes freed after each node's replay
+        deltas: list[int] = []  # bytes added by each event, in order
+        release: list[tuple[int, int]] = []
+        for n in r.nodes:
+            if pos[n] > stop:
+                break  # (the region's nodes run in order)
             cached = n in r.save
-            events = fwd.get(n, ())
-            if self.pos[n] == stop:
+            node_events = fwd.get(n, ())
+            if pos[n] == stop:
                 # the last saver: the replay stops when autograd packs its last saved tensor;
                 # its events after that (ops whose inputs it saved, and later ones) never run
                 # and their cached outputs are not popped (held to the frame's end)
-                events = events[:info["mark"]]
-                if not events:
+                node_events = node_events[:info["mark"]]
+                if not node_events:
                     continue
             if not cached:
                 t += times[n]
             if r.save:  # and in the replay (cached nodes too: their ops are looked up)
                 t += sac_s.get(n, 0.0)
-            for alloc, sid, _ in events:
-                st = g.storages[sid]
-                held = [m for m in st.savers if m in region]
+            for alloc, sid, b, savers, inner_free, readers, last in node_events:
+                # held: the region's nodes saved it, until the last of their backward steps
+                held = False
+                h = outer[sid] if cached and alloc else -1
+                for m in savers:
+                    if m in region:
+                        held = True
+                        if done[m] > h:
+                            h = done[m]
                 if not alloc:
                     if not held:
-                        mem.add(-st.bytes, ri)
+                        deltas.append(-b)
                     continue
                 if not cached:
-                    mem.add(st.bytes, ri)
-                # a cached storage that something outside the region holds (a later recompute
-                # region's input) stays as long as that holder, unless it let go already
-                outer = hold_until[sid] if cached and hold_until[sid] >= step else -1
-                if held or outer >= 0:
-                    h = max([self._bwd_done(m) for m in held] + [outer])
-                    release[h].append((st.bytes, ri))
-                elif st.inner_free:
+                    deltas.append(b)
+                if held or h >= 0:
+                    release.append((h, b))
+                elif inner_free:
                     pass  # freed by its recorded event
-                else:
-                    readers = self.readers(sid)
-                    if readers - region or any(self.pos[u] > stop for u in readers):
-                        at_end += st.bytes  # a region output, or read past the early stop
-                    else:
-                        last_reader = max(readers | {n}, key=self.pos.__getitem__)
-                        frees[last_reader] += st.bytes
-            mem.add(-frees.pop(n, 0), ri)
-        mem.add(-(at_end + sum(frees.values())), ri)
-        return t
+                elif last is not None and (pos[last] > stop or not readers <= region):
+                    at_end += b  # a region output, or read past the early stop
+                else:  # freed after its last reader (n itself if nothing reads it)
+                    frees[last if last is not None and pos[last] > pos[n] else n] += b
+            freed = frees.pop(n, 0)
+            if freed or not deltas:  # (adding 0 changes nothing once something was added)
+                deltas.append(-freed)
+        deltas.append(-(at_end + sum(frees.values())))
+        return t, max(accumulate(deltas)), sum(deltas), tuple(release)
 
 
 @dataclass(frozen=True)
@@ -452,7 +518,12 @@ class _Mem:
     phase's local peak and ``own[k]`` (every k < phase) into k's held range; done
     incrementally (solvers call it millions of times): the sum of earlier owners is kept for
     the current phase, and ``own[k]`` is recorded when it changes or at a phase's first
-    `add`."""
+    `add`. `add_many` is `add` on each of a list of events in turn, without a call each.
+
+    Events that change no earlier owner (owner None, or not before the phase) record nothing
+    in between but the running total, so a run of them acts as two: the highest running total,
+    then the rest of the way to where they end (the simulator folds gradient steps and
+    replays so)."""
 
     def __init__(self, n_owners: int, *, track: bool):
         self.cur = 0
@@ -505,3 +576,40 @@ class _Mem:
             self._fresh = False
             for k in range(j):
                 self._hold(k)
+
+    def add_many(self, events: list[tuple[int, int | None]]) -> None:
+        """`add(b, owner)` for each ``(b, owner)`` of ``events`` in order."""
+        if not events:
+            return
+        it = iter(events)
+        if self.track and self._fresh:
+            self.add(*next(it))  # the phase's first add records every earlier owner
+        cur, peak = self.cur, self.peak
+        if not self.track:
+            for b, _ in it:
+                cur += b
+                if cur > peak:
+                    peak = cur
+            self.cur, self.peak = cur, peak
+            return
+        # as `add`, with no fresh phase: every earlier owner was recorded already (seen)
+        j = self.phase
+        own, lo, hi = self.own, self.held_lo, self.held_hi
+        early, top = self._early, self.local[j]
+        for b, owner in it:
+            cur += b
+            if cur > peak:
+                peak = cur
+            if owner is not None:
+                own[owner] += b
+                if owner < j:
+                    early += b
+                    v = own[owner]
+                    if v < lo[owner]:
+                        lo[owner] = v
+                    elif v > hi[owner]:
+                        hi[owner] = v
+            if cur - early > top:
+                top = cur - early
+        self.cur, self.peak = cur, peak
+        self._early, self.local[j] = early, top
