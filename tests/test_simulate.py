@@ -239,3 +239,68 @@ def test_save_set_regions_pay_the_policy_dispatch_cost(profiled: Any) -> None:
     no_save = [(0, lo, KEEP), (lo, hi, RECOMPUTE), (hi, len(names), KEEP)]
     assert simulate(g, Schedule.from_regions(g, no_save)).recompute_s == pytest.approx(
         simulate(plain, Schedule.from_regions(plain, no_save)).recompute_s, rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(-5000, 5000),
+                          st.one_of(st.none(), st.integers(0, 3))), max_size=40),
+       st.booleans())
+def test_mem_add_many_is_add_in_turn(ops: list[tuple[int, int, int | None]],
+                                     track: bool) -> None:
+    """`_Mem.add_many` (batched events) leaves every total, peak, local peak and held range
+    exactly as `_Mem.add` called on each event in turn, across phase changes."""
+    from scheduler.simulate import _Mem
+
+    one, many = _Mem(4, track=track), _Mem(4, track=track)
+    batch: list[tuple[int, int | None]] = []
+    for phase, b, owner in ops:
+        if phase != one.phase:
+            many.add_many(batch)
+            batch = []
+            many.set_phase(phase)
+            one.set_phase(phase)
+        one.add(b, owner)
+        batch.append((b, owner))
+    many.add_many(batch)
+    fields = ("cur", "peak") + (("own", "local", "held_lo", "held_hi") if track else ())
+    assert [getattr(many, f) for f in fields] == [getattr(one, f) for f in fields]
+
+
+def test_remembered_replays_change_nothing(monkeypatch: Any) -> None:
+    """Replays are remembered per graph (`_Static.replays`); with the memory emptied at every
+    new replay, random schedules with save sets simulate to the same estimates and region costs
+    on recorded and synthetic graphs."""
+    import glob
+    import importlib
+
+    from scheduler.graph import CostGraph
+    from scheduler.synthetic import random_graph
+
+    graphs = [CostGraph.load(p) for p in sorted(glob.glob("graphs/*.json"))[:3]]
+    graphs += [random_graph(60, kind="dag", seed=s) for s in range(3)]
+    sim = importlib.import_module("scheduler.simulate")
+    rnd = random.Random(7)
+    cases = []
+    for g in graphs:
+        for _ in range(40):
+            s = _random_schedule(g, rnd)
+            # and the same regions with every policy after the first save set flipped: the
+            # same replay, its cached values held by later regions' frames or not
+            spans, pos, flip = [], 0, False
+            for r in s.regions:
+                policy = r.policy
+                if flip and not r.save:
+                    policy = KEEP if r.recompute else RECOMPUTE
+                spans.append((pos, pos + len(r.nodes), policy, r.save))
+                pos += len(r.nodes)
+                flip = flip or bool(r.save)
+            cases += [(g, s), (g, Schedule.from_regions(g, spans))]
+    remembered = [region_costs(g, s) for g, s in cases]
+    again = [region_costs(g, s) for g, s in cases]  # from the memory now
+    monkeypatch.setattr(sim, "_REPLAY_MEMO", 0)
+    for g in graphs:
+        sim._Static.of(g).replays.clear()
+    fresh = [region_costs(g, s) for g, s in cases]
+    assert remembered == again == fresh
+    assert sum(bool(s.regions[i].save) for _, s in cases
+               for i in range(len(s.regions))) > 20  # save sets were exercised
