@@ -17,6 +17,8 @@ What it holds, keyed by node name and in forward execution order:
   backward functions, with the gradient storages allocated and freed. A schedule does not
   change the backward order or the gradients, so the simulator replays these as recorded.
 * graph-level bytes (parameters, buffers, inputs) and the measured unscheduled peak and step time.
+* what each recompute region costs beyond its nodes' replay: the checkpoint call and its
+  saved-tensor hooks (``checkpoint_call_s``, ``checkpoint_saved_s``), measured on the device.
 
 All bytes are integers; all times are seconds (floats).
 """
@@ -133,6 +135,10 @@ class BwdStep:
     events: tuple[tuple[str, int, int], ...] = ()
 
 
+#: the per-checkpoint costs a `CostGraph` may carry (optional in JSON)
+_CHECKPOINT_COSTS = ("checkpoint_call_s", "checkpoint_saved_s")
+
+
 @dataclass
 class CostGraph:
     """A profiled training step, torch-free. See the module docstring."""
@@ -149,6 +155,12 @@ class CostGraph:
     measured_peak_bytes: int = 0  # unscheduled step, measured by profile
     measured_step_s: float = 0.0  # unscheduled step, median wall time
     meta: dict[str, Any] = field(default_factory=dict)
+    #: what a recompute region costs beyond replaying its nodes, measured by `profile` on the
+    #: device: each `torch.utils.checkpoint` call (``checkpoint_call_s``), and each tensor its
+    #: nodes save for backward (``checkpoint_saved_s``: the checkpoint's pack and unpack hooks
+    #: and the replay's own pack). Zero in graphs recorded before it was measured.
+    checkpoint_call_s: float = 0.0
+    checkpoint_saved_s: float = 0.0
 
     def __post_init__(self) -> None:
         self._index = {n.name: i for i, n in enumerate(self.nodes)}
@@ -233,6 +245,10 @@ class CostGraph:
 
     def _check(self) -> None:
         names = self._index
+        for k in _CHECKPOINT_COSTS:
+            v = getattr(self, k)
+            if not (isinstance(v, (int, float)) and 0 <= v < float("inf")):
+                raise CostGraphError(f"{k}: {v!r} is not a finite time >= 0 (seconds)")
         for n in self.nodes:
             for u in n.inputs:
                 if u not in names:
@@ -282,6 +298,8 @@ class CostGraph:
             "grad_bytes": self.grad_bytes,
             "measured_peak_bytes": self.measured_peak_bytes,
             "measured_step_s": self.measured_step_s,
+            "checkpoint_call_s": self.checkpoint_call_s,
+            "checkpoint_saved_s": self.checkpoint_saved_s,
             "meta": self.meta,
             "nodes": [
                 {**asdict(n), "inputs": list(n.inputs),
@@ -361,6 +379,8 @@ class CostGraph:
                 measured_peak_bytes=_get(d, "measured_peak_bytes", int),
                 measured_step_s=float(_get(d, "measured_step_s", (int, float))),
                 meta=_get(d, "meta", dict),
+                # optional: graphs recorded before these were measured load with zero
+                **{k: float(_get(d, k, (int, float))) for k in _CHECKPOINT_COSTS if k in d},
             )
         except CostGraphError:
             raise
@@ -440,4 +460,6 @@ def with_step_time(graph: CostGraph, step_s: float) -> CostGraph:
     nodes = [replace(n, time_s=n.time_s * f, bwd_time_s=n.bwd_time_s * f,
                      sac_s=None if n.sac_s is None else n.sac_s * f) for n in graph.nodes]
     steps = [replace(b, time_s=b.time_s * f) for b in graph.bwd_steps]
-    return replace(graph, nodes=nodes, bwd_steps=steps, measured_step_s=step_s)
+    return replace(graph, nodes=nodes, bwd_steps=steps, measured_step_s=step_s,
+                   checkpoint_call_s=graph.checkpoint_call_s * f,
+                   checkpoint_saved_s=graph.checkpoint_saved_s * f)

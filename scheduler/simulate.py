@@ -24,7 +24,9 @@ gradient allocations and frees happen, then the saved storages it was the last h
 Peak bytes are the base (parameters, buffers, inputs) plus the largest live total at any
 event. Time is the measured unscheduled step plus the forward time of every replayed node,
 plus, for a region with a save set, the selective-checkpoint policy's dispatch cost
-(`Node.sac_s`) of its nodes in forward and of its replayed nodes in the replay.
+(`Node.sac_s`) of its nodes in forward and of its replayed nodes in the replay, plus, for
+every recompute region, the checkpoint's own cost (`CostGraph.checkpoint_call_s` for the call
+and `CostGraph.checkpoint_saved_s` for each tensor its nodes save for backward).
 """
 
 from __future__ import annotations
@@ -159,6 +161,7 @@ class _Static:
                     out.update(users.get(v, ()))
             self.readers[sid] = frozenset(out)
         self.has_saved = frozenset(n.name for n in g.nodes if n.saved)
+        self.n_saved = {n.name: len(n.saved) for n in g.nodes if n.saved}
         self.allocs = {name: [sid for kind, sid in evs if kind == "a"]
                        for name, evs in g.fwd_events.items()}
         self.replays: dict[tuple, tuple] = {}  # `_Sim._replayed`'s memo
@@ -351,9 +354,13 @@ class _Sim:
                 bursts[info["burst"]].append(ri)
         region_s = [0.0] * R
         sac_s = static.sac_s
+        call_s, per_saved_s = g.checkpoint_call_s, g.checkpoint_saved_s
+        n_saved = static.n_saved
         for ri, r in enumerate(regions):
             if r.recompute and r.save:  # the policy's dispatch mode sees every forward op
                 region_s[ri] += sum(sac_s.get(n, 0.0) for n in r.nodes)
+            if r.recompute and (call_s or per_saved_s):  # the checkpoint and its hooks
+                region_s[ri] += call_s + per_saved_s * sum(n_saved.get(n, 0) for n in r.nodes)
         grads = static.bwd_events
         events: list[tuple[int, int | None]] = []  # of the steps since the last set_phase
         for i, (node, _, _) in enumerate(static.bwd):

@@ -12,7 +12,9 @@ one loss node, with the same kinds of records `profile` writes for a real model:
   output (as ReLU does), and its parameters, if it has any;
 * backward runs a step per node in reverse order (the loss first), after a seed-gradient step:
   a gradient per input is allocated, the gradients of the node's own output are freed, and the
-  gradients of its parameters are allocated and kept.
+  gradients of its parameters are allocated and kept;
+* a checkpoint call costs up to 0.3 ms and each tensor saved in a recompute region up to
+  30 us (`CostGraph.checkpoint_call_s`, `checkpoint_saved_s`).
 
 Peak and step time "measured" are the simulator's own for the unscheduled step.
 """
@@ -48,6 +50,7 @@ def random_graph(n_nodes: int, *, kind: str = "chain", seed: int = 0, block_size
     if not 0.0 <= skip_prob <= 1.0:
         raise ValueError(f"skip_prob must be in [0, 1], got {skip_prob}")
     rng = random.Random(f"{kind}:{n_nodes}:{seed}:{block_size}:{skip_prob}")
+    cost_rng = random.Random(f"checkpoint costs:{kind}:{n_nodes}:{seed}:{block_size}:{skip_prob}")
 
     def nbytes(lo: int = 4096, hi: int = 262144) -> int:
         return rng.randrange(lo // 4, hi // 4 + 1) * 4
@@ -188,6 +191,10 @@ def random_graph(n_nodes: int, *, kind: str = "chain", seed: int = 0, block_size
         input_bytes=input_bytes,
         grad_bytes=grad_bytes,
         measured_step_s=sum(n.time_s for n in nodes) + sum(s.time_s for s in steps),
+        # from their own stream, so that the structure above stays what it was before they
+        # were added: up to a third of a slow node per checkpoint call, 30 us per saved tensor
+        checkpoint_call_s=cost_rng.uniform(0.0, 3e-4),
+        checkpoint_saved_s=cost_rng.uniform(0.0, 3e-5),
         meta={"synthetic": {"kind": kind, "n_nodes": n_nodes, "seed": seed,
                             "block_size": block_size, "skip_prob": skip_prob}},
     )

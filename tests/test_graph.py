@@ -185,7 +185,8 @@ def test_json_round_trip_is_exact(tmp_path: Path) -> None:
     assert g2.fwd_events == g.fwd_events
     assert g2.bwd_steps == g.bwd_steps
     for f in ("name", "param_bytes", "buffer_bytes", "input_bytes", "grad_bytes",
-              "measured_peak_bytes", "measured_step_s", "meta"):
+              "measured_peak_bytes", "measured_step_s", "meta", "checkpoint_call_s",
+              "checkpoint_saved_s"):
         assert getattr(g2, f) == getattr(g, f), f
     assert g2.fingerprint == g.fingerprint
     # and saving again gives the same bytes
@@ -422,6 +423,25 @@ def test_with_step_time_scales_every_time_and_no_byte() -> None:
     assert b.step_s == pytest.approx(3 * a.step_s, rel=1e-12)
     assert b.recompute_s == pytest.approx(3 * a.recompute_s, rel=1e-12)
     assert b.overhead == pytest.approx(a.overhead, rel=1e-12)
+    assert g.checkpoint_call_s > 0 and g.checkpoint_saved_s > 0  # scaled with the rest
+    assert g2.checkpoint_call_s == pytest.approx(3 * g.checkpoint_call_s, rel=1e-12)
     assert g2.fingerprint == g.fingerprint
     with pytest.raises(ValueError, match="positive"):
         with_step_time(g, 0.0)
+
+
+def test_checkpoint_costs_are_optional_in_json_and_checked(tmp_path: Path,
+                                                         good: dict[str, Any]) -> None:
+    """Graphs recorded before checkpoint costs were measured load with zero; a negative or
+    infinite cost is an error naming the field."""
+    g = make_graph()
+    g.checkpoint_call_s, g.checkpoint_saved_s = 2e-4, 1.5e-5
+    assert CostGraph.from_dict(g.to_dict()).checkpoint_saved_s == 1.5e-5
+    old = dict(good)
+    old.pop("checkpoint_call_s"), old.pop("checkpoint_saved_s")
+    g0 = CostGraph.from_dict(old)
+    assert (g0.checkpoint_call_s, g0.checkpoint_saved_s) == (0.0, 0.0)
+    for field, value in (("checkpoint_call_s", -1e-4), ("checkpoint_saved_s", 1e400),
+                         ("checkpoint_call_s", "slow")):
+        bad = {**good, field: value}
+        assert field in load_error(tmp_path, bad)

@@ -304,3 +304,22 @@ def test_remembered_replays_change_nothing(monkeypatch: Any) -> None:
     assert remembered == again == fresh
     assert sum(bool(s.regions[i].save) for _, s in cases
                for i in range(len(s.regions))) > 20  # save sets were exercised
+
+
+def test_recompute_regions_pay_the_checkpoint_costs(profiled: Any) -> None:
+    """Each recompute region pays `CostGraph.checkpoint_call_s` once and
+    `checkpoint_saved_s` for each tensor its nodes save; keep regions pay neither. Checked
+    against a hand count on the GPT example with every block recomputed."""
+    import dataclasses
+
+    g = profiled("gpt").graph
+    assert g.checkpoint_call_s > 0 and g.checkpoint_saved_s > 0
+    free = dataclasses.replace(g, checkpoint_call_s=0.0, checkpoint_saved_s=0.0)
+    s = get_solver("every_block")(g, 1 << 62).schedule
+    regions = [r for r in s.regions if r.recompute]
+    assert len(regions) >= 2
+    saved = sum(len(g.node(n).saved) for r in regions for n in r.nodes)
+    paid = simulate(g, s).recompute_s - simulate(free, Schedule.from_dict(s.to_dict())).recompute_s
+    assert paid == pytest.approx(len(regions) * g.checkpoint_call_s
+                                 + saved * g.checkpoint_saved_s, rel=1e-9)
+    assert simulate(g, Schedule.none(g)).recompute_s == 0.0

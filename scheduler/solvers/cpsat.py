@@ -11,8 +11,8 @@ when a node in a keep unit saved it, or when a recompute region other than its p
 it (the checkpoint keeps region inputs). For every forward node and every backward step, the
 bytes alive there, as the simulator counts them minus the replay bursts, plus the recorded
 op temporaries and gradients, must fit the budget. The objective is the replayed forward time
-(integer nanoseconds), exactly as the simulator computes it (replay stops at a region's last
-node that saves something). Held-until-step is bounded from below (a region keeps its inputs at
+plus the checkpoint's costs (per call, per saved tensor), in integer nanoseconds, exactly as
+the simulator computes it (replay stops at a region's last node that saves something). Held-until-step is bounded from below (a region keeps its inputs at
 least until the backward of its unit's last saver).
 
 So the model is a relaxation: it never rejects a schedule the simulator accepts, and its
@@ -312,6 +312,7 @@ class _Model:
         # -- objective: replayed forward time, ns -------------------------------------------
         if objective:
             terms = []
+            call_ns = round(g.checkpoint_call_s * _NS)
             for u, (a, b) in enumerate(zip(points, points[1:])):
                 full = sum(g.node(x).time_s for x in names[a:b])
                 savers = [x for x in names[a:b] if g.node(x).saved]
@@ -322,15 +323,24 @@ class _Model:
                     pref = sum(g.node(x).time_s for x in upto)
                     if g.replay_mark(last) == 0:  # the replay stops before it runs
                         pref -= g.node(last).time_s
-                # each rounded to within half a ns: the objective is within a ns a unit
+                # the checkpoint's hooks for each tensor the unit's nodes save
+                hooks = g.checkpoint_saved_s * sum(len(g.node(x).saved) for x in names[a:b])
+                # each rounded to within half a ns: the objective is within 2 ns a unit
                 full_ns, pref_ns = round(full * _NS), round(pref * _NS)
-                terms.append(full_ns * rc[u])
+                terms.append((full_ns + round(hooks * _NS)) * rc[u])
                 if full_ns != pref_ns:
                     z = m.NewBoolVar(f"z{u}")
                     m.AddImplication(z, rc[u])
                     if cut[u + 1] is not None:
                         m.AddImplication(z, cut[u + 1])
                     terms.append(-(full_ns - pref_ns) * z)
+                if call_ns:  # the checkpoint call, once a recompute region: at its first unit
+                    if u == 0:
+                        terms.append(call_ns * rc[u])
+                    else:
+                        first = m.NewBoolVar(f"first{u}")
+                        m.AddBoolOr([rc[u].Not(), cut[u].Not(), first])
+                        terms.append(call_ns * first)
             m.Minimize(sum(terms))
 
     def _bursts(self, copies: list[list[tuple[int, Any]]], until: float | None
@@ -590,7 +600,7 @@ def _solve_lazy(graph: CostGraph, points: list[int], budget: int, deadline: floa
             return INFEASIBLE, None, None
         # the master is a relaxation: its bound holds over the space (no-goods only cut off
         # schedules that do not fit), less what rounding node times to ns may have added
-        got = max(0.0, solver.BestObjectiveBound() - (len(points) - 1)) / _NS
+        got = max(0.0, solver.BestObjectiveBound() - 2 * (len(points) - 1)) / _NS
         bound = got if bound is None else max(bound, got)
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
