@@ -50,10 +50,10 @@ synthetic DAG (48 units, about 14k constraints) building it with every replay pr
 about 8 s (the probes, O(units^2 * nodes)), with a tenth of a 10 s limit for probing about
 2 s; presolve of the full model then takes 5 to 7 s (its memory constraints have about 900k
 terms). Within 10 s, at 90, 80, 70, 60 and 50% of the unscheduled peak, one run answered
-with 0.13, 0.28, 0.44, 0.57 and 0.83 s of recompute (warm start 0.51, 0.51, 0.76, 0.76 and
-0.92 s), with proven bounds of 0.065, 0.146, 0.272, 0.389 and 0.518 s: gaps of 31 to 49%,
-not the 1% we aim for. Given 40 s on the fully probed model at 70%, CP-SAT reaches 0.42 s
-with a 20% gap.
+with 0.13, 0.27, 0.43, 0.59 and 0.94 s of recompute (warm start 0.52, 0.52, 0.78, 0.78 and
+0.95 s), with proven bounds of 0.065, 0.151, 0.278, 0.400 and 0.532 s: gaps of 33 to 51%,
+not the 1% we aim for. (Measured before the synthetic graphs carried checkpoint costs: given
+40 s on the fully probed model at 70%, CP-SAT reached 0.42 s with a 20% gap.)
 """
 
 from __future__ import annotations
@@ -618,9 +618,9 @@ def _solve_lazy(graph: CostGraph, points: list[int], budget: int, deadline: floa
 
 
 #: the memory constraints a bound model keeps (large models, after their quick search): on
-#: the 2,000-node synthetic DAG at 70%, given 5 s, 20 evenly spread ones gave a bound of
-#: 0.25 s and 60 gave 0.27 s (the best schedule known is about 0.40 s; the full model's
-#: presolve alone takes 5 to 7 s)
+#: the 2,000-node synthetic DAG at 70% (before it carried checkpoint costs), given 5 s, 20
+#: evenly spread ones gave a bound of 0.25 s and 60 gave 0.27 s (the best schedule known was
+#: about 0.40 s; the full model's presolve alone takes 5 to 7 s)
 BOUND_STEPS = 60
 
 
