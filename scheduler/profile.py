@@ -89,9 +89,15 @@ def profile_traced(gm: fx.GraphModule, model: nn.Module, inputs: tuple[Any, ...]
 _CALIBRATION = ((1, 4), (1, 32), (4, 4), (4, 16), (16, 2), (16, 4))
 
 
+#: `checkpoint_costs` per (device, torch threads), measured once a process
+_COSTS: dict[tuple[str, int], tuple[float, float]] = {}
+
+
 def checkpoint_costs(device: torch.device, *, rounds: int = 9) -> tuple[float, float]:
     """What a non-reentrant `torch.utils.checkpoint` region costs on ``device`` beyond running
     its forward once more: (seconds per checkpoint call, seconds per tensor saved in it).
+    Measured once a process for each device and number of torch threads (about 0.2 s; the
+    first checkpoint of a process also pays PyTorch's one-time setup, about 1.5 s here).
 
     Times chains of ``tanh`` on a small tensor (each op saves one tensor) as K checkpointed
     calls of N ops each, beside the same ops without checkpoints and their forward alone, in
@@ -100,6 +106,13 @@ def checkpoint_costs(device: torch.device, *, rounds: int = 9) -> tuple[float, f
     one thread) that gave about 0.2 ms per call and 18 us per saved tensor: the pack and
     unpack hooks run in Python. Forward times of real ops do not enter: only the hooks' and
     the call's work, which depends on the device and the Python build, not on the model."""
+    key = (str(device), torch.get_num_threads())
+    if key not in _COSTS:
+        _COSTS[key] = _fit_checkpoint_costs(device, rounds)
+    return _COSTS[key]
+
+
+def _fit_checkpoint_costs(device: torch.device, rounds: int) -> tuple[float, float]:
     from torch.utils.checkpoint import checkpoint
 
     # (no random numbers: the caller's RNG state is left as it was)
