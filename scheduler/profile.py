@@ -9,7 +9,9 @@ One *recorded* step runs the traced graph node by node (`_exec.Program`) with
   saves for backward, mapped back to the node that produced it (or a parameter/input).
 
 Then ``repeats`` *timed* steps (after a warm-up) give each node's forward time and each
-backward step's time, as medians, and `measure` gives the unscheduled step's peak and time.
+backward step's time, as medians, and `measure` gives the unscheduled step's peak and time;
+`checkpoint_costs` times what a checkpoint call and each tensor saved under it cost on the
+device (once a process).
 The user's model is left as it was (buffers, gradients and RNG state are restored).
 """
 
