@@ -205,10 +205,13 @@ def test_cpsat_answers_with_a_fitting_baseline_its_units_miss(monkeypatch: Any) 
     assert got.estimate.recompute_s <= every.estimate.recompute_s
 
 
-def _compare_cpsat(seed: int, g: CostGraph) -> None:
-    """cpsat against brute force over `unit_points`, at every budget; dp too on DAGs, over its
-    own (fewer) points, where it applies as well."""
+def _compare_cpsat(seed: int, g: CostGraph, *, fine: bool = False) -> None:
+    """cpsat against brute force over `unit_points` (``fine``: cpsat_fine over `fine_points`),
+    at every budget."""
     cpsat, unit_points = _cpsat()
+    if fine:
+        from scheduler.solvers.cpsat import cpsat_fine, fine_points
+        cpsat, unit_points = cpsat_fine, fine_points
     points = unit_points(g)
     min_feasible = brute_force(g, 0, points=points).min_feasible_bytes
     for budget in _budgets(g, min_feasible):
@@ -368,6 +371,23 @@ def test_cpsat_incumbents_keep_the_best_schedule_that_fits() -> None:
     assert seen.best is not None
     assert seen.best[0] == pytest.approx(ref.estimate.recompute_s, rel=REL, abs=0.0)
     assert simulate(g, seen.best[1]).peak_bytes <= budget
+
+
+@pytest.mark.parametrize("kind,seeds", [("dag", range(3000, 3012)), ("chain", range(3100, 3106))],
+                         ids=lambda x: x if isinstance(x, str) else f"{x.start}-{x.stop - 1}")
+def test_cpsat_fine_equals_brute_force(kind: str, seeds: range) -> None:
+    """cpsat_fine over `fine_points` (a boundary after any saver) returns brute force's
+    optimum over those points, and INFEASIBLE exactly when brute force does."""
+    from scheduler.solvers.cpsat import fine_points, unit_points
+
+    finer = 0
+    for seed in seeds:
+        g = _graph(kind, seed, max_nodes=8)
+        assert set(unit_points(g)) <= set(fine_points(g))
+        finer += len(fine_points(g)) > len(unit_points(g))
+        _compare_cpsat(seed, g, fine=True)
+    if kind == "dag":  # (on chains every position is a chain cut already)
+        assert finer >= len(seeds) // 3  # the space is finer on a good share of them
 
 
 @pytest.mark.parametrize("bound_steps", [60, 1])
