@@ -280,7 +280,12 @@ def _print_plan(plan: Any, out: Path) -> None:
     space = plan.schedule.meta.get("space")
     if plan.status == "OPTIMAL" and space:
         table.add_row("optimal over", space)
-    table.add_row("gap", "n/a" if plan.gap is None else f"{plan.gap:.2%}")
+    elif space:
+        table.add_row("searched", space)
+    gap = "n/a" if plan.gap is None else f"{plan.gap:.2%}"
+    if plan.gap is not None and plan.gap >= 1.0:
+        gap += " (no lower bound proven)"
+    table.add_row("gap", gap)
     table.add_row("solve time", format_seconds(plan.solve_s))
     table.add_row("budget", format_bytes(plan.budget_bytes))
     table.add_row("predicted peak", f"{format_bytes(e.peak_bytes)} "

@@ -180,3 +180,34 @@ def test_apply_missing_or_bad_schedule_is_one_line(factory, tmp_path):
     bad.write_text('{"schema": "something else"}')
     code, _, err = run(["apply", f"{factory}:small", str(bad)])
     assert code == 2 and "schema" in one_error_line(err)
+
+
+@pytest.mark.parametrize("status,gap,shown,hidden", [
+    ("FEASIBLE", 1.0, ["searched", "every position", "100.00% (no lower bound proven)"],
+     ["optimal over"]),
+    ("FEASIBLE", 0.25, ["searched", "25.00%"], ["no lower bound proven", "optimal over"]),
+    ("OPTIMAL", 0.0, ["optimal over", "every position", "0.00%"],
+     ["no lower bound proven", "searched"]),
+])
+def test_solve_table_names_the_space_and_an_unproven_bound(capsys, status, gap, shown, hidden):
+    """The printed plan names the space searched (optimal over it, when proven) and says when
+    no lower bound was proven (gap 100%) instead of a bare 100%."""
+    from types import SimpleNamespace
+
+    from scheduler.cli import _print_plan
+    from scheduler.simulate import simulate
+    from scheduler.synthetic import random_graph
+
+    g = random_graph(12, seed=1)
+    sched = Schedule.from_regions(g, [(0, 6, "recompute"), (6, 12, "keep")],
+                                  meta={"space": "every position (cpsat_fine)"})
+    est = simulate(g, sched)
+    plan = SimpleNamespace(estimate=est, result=SimpleNamespace(solver="cpsat_fine"),
+                           status=status, schedule=sched, gap=gap, solve_s=1.0,
+                           budget_bytes=est.peak_bytes, unconstrained_peak_bytes=est.peak_bytes)
+    _print_plan(plan, Path("x.json"))
+    out = capsys.readouterr().out
+    for fragment in shown:
+        assert fragment in out, fragment
+    for fragment in hidden:
+        assert fragment not in out, fragment
