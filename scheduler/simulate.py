@@ -17,8 +17,9 @@ Backward, step by step as recorded (a schedule does not change the order or the 
 the first step of a recompute region that unpacks a saved tensor replays the region's forward
 up to the moment autograd packs the last tensor the region saves (PyTorch stops recomputation
 early there: inside its last saver, before the op whose input that is, or after the op whose
-output it is; `CostGraph.replay_mark`), allocating a new copy of each storage it computes; copies that the region's nodes saved stay alive until
-their backward step, the rest die at their last reader in the replay. Then the step's recorded
+output it is; `CostGraph.replay_mark`), allocating a new copy of each storage it computes;
+copies that the region's nodes saved stay alive until their backward step, the rest die at
+their last reader in the replay. Then the step's recorded
 gradient allocations and frees happen, then the saved storages it was the last holder of die.
 
 Peak bytes are the base (parameters, buffers, inputs) plus the largest live total at any

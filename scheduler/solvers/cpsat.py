@@ -3,7 +3,8 @@
 **Space.** Region boundaries at `unit_points` (block boundaries, chain cuts and, on graphs
 with few blocks, cuts inside blocks as cheap as a block boundary; merged so that every unit
 has a node that saves tensors for backward), each region ``keep`` or ``recompute``, no save
-sets.
+sets. ``cpsat_fine`` searches `fine_points` instead: a boundary after any node that saves
+tensors (at most `FINE_UNITS` units).
 
 **Model.** Booleans ``cut[c]`` (a region boundary at point c) and ``rc[u]`` (unit u is
 recomputed; units of one region share it). A storage is *held* past its last forward reader
