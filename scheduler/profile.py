@@ -30,7 +30,7 @@ from torch.utils import _pytree as pytree
 
 from ._exec import Program
 from .graph import BwdStep, CostGraph, Node, Saved, Storage
-from .measure import StorageTracker, measure
+from .measure import StorageTracker, _sync, measure
 from .trace import _as_tuple, block_of, module_path, preserved_state, trace
 
 __all__ = ["checkpoint_costs", "profile", "profile_traced"]
@@ -162,10 +162,6 @@ def _fit_checkpoint_costs(device: torch.device, rounds: int) -> tuple[float, flo
         call, saved = max(0.0, ay / aa), 0.0
     return max(0.0, call), max(0.0, saved)
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @dataclass

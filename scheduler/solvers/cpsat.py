@@ -13,8 +13,9 @@ it (the checkpoint keeps region inputs). For every forward node and every backwa
 bytes alive there, as the simulator counts them minus the replay bursts, plus the recorded
 op temporaries and gradients, must fit the budget. The objective is the replayed forward time
 plus the checkpoint's costs (per call, per saved tensor), in integer nanoseconds, exactly as
-the simulator computes it (replay stops at a region's last node that saves something). Held-until-step is bounded from below (a region keeps its inputs at
-least until the backward of its unit's last saver).
+the simulator computes it (replay stops at a region's last node that saves something).
+Held-until-step is bounded from below (a region keeps its inputs at least until the backward
+of its unit's last saver).
 
 So the model is a relaxation: it never rejects a schedule the simulator accepts, and its
 objective is exact. Each solution is simulated; one that does not fit (a replay burst) is cut
@@ -138,8 +139,9 @@ class _Model:
         first until ``probe_until`` (a `time.perf_counter` value; None: all of them); the
         others get their constraint when a candidate uses them (`add_replays`).
 
-        ``steps``: a bound model (see `bound_model`): only that many of the memory
-        constraints of forward nodes and backward steps, and no replay constraints."""
+        ``steps``: a bound model (`BOUND_STEPS`, searched by `_solve_lazy` on large models):
+        only that many of the memory constraints of forward nodes and backward steps
+        (`_keep_spread`), and no replay constraints."""
         from ortools.sat.python import cp_model
 
         self.cp_model = cp_model
@@ -685,19 +687,14 @@ def _warm_start(graph: CostGraph, budget_bytes: int, given: Schedule | None = No
     ``given``), or None."""
     from .base import get_solver
 
-    best = None
-    for name in (*WARM_STARTS, None):
-        if name is None:
-            if given is None:
-                break
-            r = finish(graph, budget_bytes, given, solver=given.solver or "given",
-                       started=time.perf_counter())
-        else:
-            r = get_solver(name)(graph, budget_bytes)
-        if r.status != INFEASIBLE and (best is None
-                                       or r.estimate.recompute_s < best.estimate.recompute_s):
-            best = r
-    return best
+    results = [get_solver(name)(graph, budget_bytes) for name in WARM_STARTS]
+    if given is not None:
+        results.append(finish(graph, budget_bytes, given, solver=given.solver or "given",
+                              started=time.perf_counter()))
+    fitting = [r for r in results if r.status != INFEASIBLE]
+    # ties go to the first listed
+    return min(fitting, key=lambda r: r.estimate.recompute_s,  # type: ignore[union-attr]
+               default=None)
 
 
 @register("cpsat")
