@@ -124,7 +124,12 @@ class Plan:
                          if self.unconstrained_peak_bytes else "")
         rc = len(self.schedule.recompute_regions)
         space = self.schedule.meta.get("space")
-        over = f" over {space}" if self.status == "OPTIMAL" and space else ""
+        if self.status == "OPTIMAL":
+            over = " over the full schedule space"
+        elif space and self.schedule.meta.get("space_optimal"):
+            over = f" (optimal over {space})"
+        else:
+            over = ""
         return "\n".join([
             f"{self.result.solver}: {self.status}{over}, gap {gap}, solved in "
             f"{format_seconds(self.solve_s)}",

@@ -276,15 +276,19 @@ def _print_plan(plan: Any, out: Path) -> None:
                   title_justify="left")
     table.add_column("quantity", style="bold")
     table.add_column("value", justify="right")
-    table.add_row("status", plan.status)
-    space = plan.schedule.meta.get("space")
-    if plan.status == "OPTIMAL" and space:
-        table.add_row("optimal over", space)
+    full = " (over the full schedule space)" if plan.status == "OPTIMAL" else ""
+    table.add_row("status", plan.status + full)
+    meta = plan.schedule.meta
+    space = meta.get("space")
+    if space and meta.get("space_optimal") and not full:
+        table.add_row("optimal over", space)  # but perhaps not over the full space
     elif space:
         table.add_row("searched", space)
     gap = "n/a" if plan.gap is None else f"{plan.gap:.2%}"
     if plan.gap is not None and plan.gap >= 1.0:
         gap += " (no lower bound proven)"
+    elif plan.gap:
+        gap += " (to the full space's lower bound)"
     table.add_row("gap", gap)
     table.add_row("solve time", format_seconds(plan.solve_s))
     table.add_row("budget", format_bytes(plan.budget_bytes))

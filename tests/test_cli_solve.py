@@ -182,16 +182,22 @@ def test_apply_missing_or_bad_schedule_is_one_line(factory, tmp_path):
     assert code == 2 and "schema" in one_error_line(err)
 
 
-@pytest.mark.parametrize("status,gap,shown,hidden", [
-    ("FEASIBLE", 1.0, ["searched", "every position", "100.00% (no lower bound proven)"],
-     ["optimal over"]),
-    ("FEASIBLE", 0.25, ["searched", "25.00%"], ["no lower bound proven", "optimal over"]),
-    ("OPTIMAL", 0.0, ["optimal over", "every position", "0.00%"],
-     ["no lower bound proven", "searched"]),
+@pytest.mark.parametrize("status,space_optimal,gap,shown,hidden", [
+    ("FEASIBLE", False, 1.0, ["searched", "every position", "100.00% (no lower bound proven)"],
+     ["optimal over", "full schedule space"]),
+    ("FEASIBLE", False, 0.25, ["searched", "25.00% (to the full space's lower bound)"],
+     ["no lower bound proven", "optimal over"]),
+    ("FEASIBLE", True, 0.25, ["optimal over", "every position", "25.00%"],
+     ["searched", "full schedule space"]),
+    ("OPTIMAL", True, 0.0, ["OPTIMAL (over the full schedule space)", "searched",
+                            "every position", "0.00%"],
+     ["no lower bound proven", "optimal over"]),
 ])
-def test_solve_table_names_the_space_and_an_unproven_bound(capsys, status, gap, shown, hidden):
-    """The printed plan names the space searched (optimal over it, when proven) and says when
-    no lower bound was proven (gap 100%) instead of a bare 100%."""
+def test_solve_table_names_the_space_and_an_unproven_bound(capsys, status, space_optimal, gap,
+                                                           shown, hidden):
+    """The printed plan names the space searched (optimal over it, when proven there but not
+    over the full space), the gap as one to the full space's bound, and says when no lower
+    bound was proven (gap 100%) instead of a bare 100%."""
     from types import SimpleNamespace
 
     from scheduler.cli import _print_plan
@@ -200,7 +206,8 @@ def test_solve_table_names_the_space_and_an_unproven_bound(capsys, status, gap, 
 
     g = random_graph(12, seed=1)
     sched = Schedule.from_regions(g, [(0, 6, "recompute"), (6, 12, "keep")],
-                                  meta={"space": "every position (cpsat_fine)"})
+                                  meta={"space": "every position (cpsat_fine)",
+                                        "space_optimal": space_optimal})
     est = simulate(g, sched)
     plan = SimpleNamespace(estimate=est, result=SimpleNamespace(solver="cpsat_fine"),
                            status=status, schedule=sched, gap=gap, solve_s=1.0,

@@ -217,6 +217,22 @@ def test_solve_plan_estimate_is_simulate_and_fits(plan):
         assert fragment in text
 
 
+
+def test_solve_summary_says_over_which_space_it_is_optimal(mlp):
+    """dp proves its optimum over chain cuts; the plan is OPTIMAL only when the full-space
+    bound reaches it, else FEASIBLE, naming the space it is optimal over and the gap."""
+    model, inputs = mlp
+    plan = scheduler.solve(model, inputs, budget=0.7, solver="dp")
+    assert plan.result.space_optimal and plan.gap is not None
+    text = plan.summary()
+    if plan.status == OPTIMAL:
+        assert plan.gap == 0.0 and "dp: OPTIMAL over the full schedule space" in text
+    else:
+        assert plan.status == FEASIBLE and plan.gap > 0
+        assert f"dp: FEASIBLE (optimal over {plan.schedule.meta['space']}), " \
+               f"gap {plan.gap:.1%}" in text
+
+
 def test_plan_save_and_apply_round_trip(mlp, plan, tmp_path):
     model, inputs = mlp
     path = tmp_path / "schedule.json"

@@ -21,6 +21,7 @@ from scheduler.graph import CostGraph
 from scheduler.schedule import Schedule
 from scheduler.simulate import simulate
 from scheduler.solvers import FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult
+from scheduler.solvers.bound import full_space_bound
 from scheduler.solvers.brute import brute_force
 from scheduler.solvers.dp import dp, save_candidates, table_for
 from scheduler.synthetic import random_graph
@@ -105,7 +106,8 @@ def _compare_dp(seed: int, g: CostGraph) -> int:
             path = _save_failure(g, seed)
             pytest.fail(f"dp disagrees with brute force (graph saved to {path}):\n"
                         + _explain(g, seed, budget, got, ref))
-        if ref.status == OPTIMAL:
+        if ref.status != INFEASIBLE:  # both proven over the space; status over the full one
+            assert ref.space_optimal and got.space_optimal
             _check_result(g, ref, budget, points, save_candidates)
             _check_result(g, got, budget, points, save_candidates)
         else:
@@ -225,9 +227,9 @@ def _compare_cpsat(seed: int, g: CostGraph, *, fine: bool = False) -> None:
             assert got.min_feasible_bytes in (None, ref.min_feasible_bytes), why
             continue
         _check_result(g, got, budget, points)
-        if got.lower_bound_s is not None:  # a proven bound: no schedule in the space beats it
-            assert got.lower_bound_s <= ref.estimate.recompute_s * (1 + REL), why
-        if got.status == OPTIMAL:
+        if got.space_bound_s is not None:  # a proven bound: no schedule in the space beats it
+            assert got.space_bound_s <= ref.estimate.recompute_s * (1 + REL), why
+        if got.space_optimal:
             assert got.estimate.recompute_s == pytest.approx(
                 ref.estimate.recompute_s, rel=REL, abs=0.0), why
         else:
@@ -295,7 +297,7 @@ def test_brute_solver_is_registered() -> None:
     assert r.status == INFEASIBLE and r.schedule is None
     assert r.min_feasible_bytes == brute_force(g, 0, points=list(range(6))).min_feasible_bytes
     at = get_solver("brute")(g, r.min_feasible_bytes)
-    assert at.status == OPTIMAL and at.estimate.peak_bytes == r.min_feasible_bytes
+    assert at.space_optimal and at.estimate.peak_bytes == r.min_feasible_bytes
     with pytest.raises(ValueError, match="at most 12 compute nodes"):
         get_solver("brute")(random_graph(13, seed=0), 10**9)
 
@@ -322,7 +324,7 @@ def test_cpsat_units_cut_inside_blocks_where_as_cheap_as_between_them() -> None:
         assert all(counts[p] <= max(counts[c] for c in bounds) for p in inside)
     budget = int(0.8 * simulate(g, Schedule.none(g)).peak_bytes)
     got = cpsat(g, budget, time_limit_s=CPSAT_LIMIT_S)
-    assert got.status == OPTIMAL and got.estimate.peak_bytes <= budget
+    assert got.space_optimal and got.estimate.peak_bytes <= budget
     assert got.estimate == simulate(g, got.schedule)
     for name in BASELINES:
         r = get_solver(name)(g, budget)
@@ -349,7 +351,9 @@ def test_cpsat_out_of_time_answers_the_better_of_its_find_and_the_warm_start(
     monkeypatch.setattr(mod, "_solve_lazy", lambda *a, **k: (FEASIBLE, worse, warm_s * 2))
     got = mod.cpsat(g, budget, time_limit_s=1.0)
     assert got.status == FEASIBLE and got.estimate == simulate(g, warm)
-    assert got.lower_bound_s == warm_s and got.gap == 0.0
+    assert got.space_bound_s == warm_s and not got.space_optimal
+    full = full_space_bound(g, budget)
+    assert got.lower_bound_s == full and got.gap == pytest.approx((warm_s - full) / warm_s)
 
 
 def test_cpsat_incumbents_keep_the_best_schedule_that_fits() -> None:

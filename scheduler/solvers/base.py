@@ -4,8 +4,12 @@ Every solver is a function ``(graph, budget_bytes, *, time_limit_s=None) -> Solv
 Its result carries the `Schedule`, the `Estimate` that `simulate` gives for it (never the
 solver's own arithmetic), and a status:
 
-* ``OPTIMAL``: the least recompute time over the solver's whole schedule space, proven;
-* ``FEASIBLE``: fits the budget, optimality not proven (``gap`` says how far it may be);
+* ``OPTIMAL``: the least recompute time over the *full* schedule space (`bound.FULL_SPACE`),
+  proven: the solver proved it optimal over its own space and `bound.full_space_bound`
+  shows that nothing outside it does better;
+* ``FEASIBLE``: fits the budget, optimality over the full space not proven (``gap`` says how
+  far it may be; ``space_optimal`` says whether it is proven optimal over the solver's own
+  space, named in ``schedule.meta["space"]``);
 * ``INFEASIBLE``: nothing the solver considers fits. A baseline still returns its schedule and
   estimate so the caller sees by how much it misses; an optimizing solver returns
   ``schedule=None`` and, when it proved infeasibility, ``min_feasible_bytes``
@@ -34,8 +38,11 @@ INFEASIBLE = "INFEASIBLE"
 @dataclass(frozen=True)
 class SolveResult:
     """What a solver returns. ``estimate == simulate(graph, schedule)`` whenever there is a
-    schedule. ``lower_bound_s`` is a proven lower bound on the optimal recompute time, where the
-    solver has one; ``gap`` is ``(recompute_s - lower_bound_s) / max(recompute_s, tiny)``."""
+    schedule. ``lower_bound_s`` is a proven lower bound on the optimal recompute time over the
+    full schedule space, where the solver has one; ``gap`` is ``(recompute_s - lower_bound_s)
+    / max(recompute_s, tiny)``. ``space_optimal``: proven optimal over the solver's own space
+    (``schedule.meta["space"]``); ``space_bound_s``: the solver's lower bound over that space
+    (not a bound over the full space)."""
 
     solver: str
     status: str
@@ -47,6 +54,8 @@ class SolveResult:
     gap: float | None = None
     # with INFEASIBLE: the smallest budget at which this solver's space has a schedule
     min_feasible_bytes: int | None = None
+    space_optimal: bool = False
+    space_bound_s: float | None = None
 
     @property
     def fits(self) -> bool:
@@ -101,17 +110,40 @@ def get_solver(name: str) -> Callable[..., SolveResult]:
 
 def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, solver: str,
            started: float, status: str | None = None, lower_bound_s: float | None = None,
-           min_feasible_bytes: int | None = None) -> SolveResult:
+           min_feasible_bytes: int | None = None, full_space: bool = False) -> SolveResult:
     """Build a `SolveResult`: simulate the schedule, decide FEASIBLE/INFEASIBLE from the
-    simulated peak unless ``status`` is given (OPTIMAL must be claimed by the solver), compute
-    the gap, and stamp the schedule with the solver's name, status and budget."""
+    simulated peak unless ``status`` is given, and stamp the schedule with the solver's name,
+    status, gap and budget.
+
+    An optimizing solver passes ``status`` (OPTIMAL when it proved the schedule optimal over
+    its own space) and ``lower_bound_s`` (its bound over that space). Unless ``full_space``
+    says that its space is the full one, both are kept as ``space_optimal`` and
+    ``space_bound_s``, and the result's status and gap are decided against
+    `bound.full_space_bound`: OPTIMAL only when the schedule's recompute time reaches that
+    bound (within a millionth, the nanosecond rounding of the bound's objective).
+    """
     est = simulate(graph, schedule) if schedule is not None else None
+    claimed = status
     if status is None:
         status = FEASIBLE if est is not None and est.peak_bytes <= budget_bytes else INFEASIBLE
     if status != INFEASIBLE and (est is None or est.peak_bytes > budget_bytes):
         raise AssertionError(
             f"solver {solver!r} claimed {status} but its schedule's simulated peak "
             f"{None if est is None else est.peak_bytes} exceeds the budget {budget_bytes}")
+    space_optimal = claimed == OPTIMAL
+    space_bound = lower_bound_s
+    if claimed is not None and status != INFEASIBLE and not full_space:
+        from .bound import full_space_bound
+
+        assert est is not None
+        lower_bound_s = full_space_bound(graph, budget_bytes)
+        if lower_bound_s > est.recompute_s * (1 + 1e-9) + 1e-12:
+            raise AssertionError(
+                f"the full-space bound {lower_bound_s} s exceeds the recompute time "
+                f"{est.recompute_s} s of {solver!r}'s schedule, which fits the budget "
+                f"{budget_bytes}: the bound's relaxation is wrong for this graph")
+        reached = est.recompute_s - lower_bound_s <= 1e-6 * est.recompute_s
+        status = OPTIMAL if reached else FEASIBLE
     gap = None
     if est is not None and lower_bound_s is not None and status != INFEASIBLE:
         gap = max(0.0, est.recompute_s - lower_bound_s) / max(est.recompute_s, 1e-12)
@@ -119,13 +151,18 @@ def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, so
             gap = 0.0
     solve_s = time.perf_counter() - started
     if schedule is not None:
+        meta = schedule.meta
+        if claimed is not None and status != INFEASIBLE:
+            meta = {**meta, "space_optimal": space_optimal}
         schedule = replace(schedule, solver=solver, status=status, budget_bytes=budget_bytes,
-                           gap=gap, solve_s=solve_s,
+                           gap=gap, solve_s=solve_s, meta=meta,
                            estimate=est.to_dict() if est is not None else None)
     return SolveResult(solver=solver, status=status, budget_bytes=budget_bytes,
                        schedule=schedule, estimate=est, solve_s=solve_s,
                        lower_bound_s=lower_bound_s, gap=gap,
-                       min_feasible_bytes=min_feasible_bytes if status == INFEASIBLE else None)
+                       min_feasible_bytes=min_feasible_bytes if status == INFEASIBLE else None,
+                       space_optimal=space_optimal and status != INFEASIBLE,
+                       space_bound_s=space_bound)
 
 
 def _load_all() -> None:

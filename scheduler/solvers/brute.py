@@ -9,7 +9,8 @@ Fibonacci numbers), e.g. 4181 for m = 8, 75025 for m = 11.
 
 **Answer.** The least simulated recompute time among schedules whose simulated peak fits the
 budget (ties: the first in enumeration order: fewer regions first, then boundaries and
-policies in lexicographic order, ``policies`` order within a region); OPTIMAL over that space.
+policies in lexicographic order, ``policies`` order within a region), proven optimal over
+that space (see `finish` for when that is OPTIMAL).
 When nothing fits: INFEASIBLE with ``min_feasible_bytes``, the least peak over the space.
 
 The simulated (peak, recompute time) of every schedule in a space is cached on the graph
@@ -145,14 +146,16 @@ def _space(graph: CostGraph, points: list[int], policies: tuple[str, ...],
 def brute_force(graph: CostGraph, budget_bytes: int, *, points: list[int],
                 policies: Sequence[str] = (KEEP, RECOMPUTE),
                 save_options: SaveOptions | None = None,
-                max_schedules: int = 200_000) -> SolveResult:
+                max_schedules: int = 200_000, full_space: bool = False) -> SolveResult:
     """The least-recompute schedule under ``budget_bytes`` among all schedules with region
     boundaries at a subset of ``points`` (including 0 and ``len(graph.compute_nodes)``) and a
     policy from ``policies`` per region (and, with ``save_options``, each save set it offers a
     recompute region), by simulating each one.
 
-    Returns OPTIMAL (over that space) or INFEASIBLE with ``min_feasible_bytes`` the least peak
-    over the space.
+    Returns the optimum over that space (``space_optimal``; OPTIMAL when the full-space bound
+    reaches it, or with ``full_space=True``, which the caller passes when the points are every
+    position and ``save_options`` offers every save set) or INFEASIBLE with
+    ``min_feasible_bytes`` the least peak over the space.
 
     Raises:
         ValueError: points or policies are malformed, or the space holds more than
@@ -175,7 +178,7 @@ def brute_force(graph: CostGraph, budget_bytes: int, *, points: list[int],
         graph, spans, meta={"space": f"brute force: boundaries at a subset of {pts}, "
                                      f"policies {list(pol)}"})
     return finish(graph, budget_bytes, schedule, solver="brute", started=started,
-                  status=OPTIMAL, lower_bound_s=space[best][1])
+                  status=OPTIMAL, lower_bound_s=space[best][1], full_space=full_space)
 
 
 @register("brute")

@@ -1,0 +1,176 @@
+"""A proven lower bound on recompute time over the *full* schedule space.
+
+The full space is every schedule `Schedule` can express on one level: region boundaries after
+any compute node, each region ``keep`` or ``recompute``, and any save set. The exact solvers
+search smaller spaces (`dp`: chain cuts and a few save sets; `cpsat`: unit points and no save
+sets), so their own optimality proofs say nothing about schedules outside them. This module
+bounds every schedule of the full space at once, so that a result can be called OPTIMAL only
+when it is proven so over the full space (`finish` asks it), and its gap is honest otherwise.
+
+**Relaxation.** Booleans ``r[p]``: node p runs again in a replay; ``a[s]``: the storage s
+that forward made is itself used by backward (it stays alive from forward until the first
+backward step that uses it; for a storage nothing saves: it is alive when forward ends).
+Every schedule of the full space maps to values that satisfy:
+
+* a storage that a node saves for backward (a node whose backward runs) is kept, or its
+  producer runs again (a saver outside every region, the loss, always keeps it);
+* a node that runs again reads each of its inputs kept or run again too (a region's inputs
+  are held, its save-set outputs cached: both alive when forward ends);
+* when forward ends, the kept storages fit the budget;
+* at every backward step, its gradients (which no schedule changes), the storages some node
+  whose backward spans that step saved (alive in every schedule), and the kept storages not
+  needed yet fit the budget.
+
+The objective is what those replays cost at least: each replayed node's forward time and the
+checkpoint's cost per tensor it saves, plus one checkpoint call when anything replays (in
+whole nanoseconds, rounded down). Replay bursts, held region inputs, op temporaries, the
+number of regions and the save-set dispatch cost are left out, so the bound is below every
+fitting schedule's simulated recompute time, and usually well below the optimum: read a gap
+against it as "at most this far from optimal", not as the distance.
+
+It is checked against brute force over the full space on small graphs, and against random
+schedules with save sets on the recorded graphs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+from ..graph import CostGraph
+from ..simulate import _Static, gradient_steps, storage_readers
+
+__all__ = ["FULL_SPACE", "BOUND_S", "full_space_bound"]
+
+#: what "the full schedule space" is, as the schedules and the CLI name it
+FULL_SPACE = "any region boundaries, keep or recompute, any save sets"
+
+#: CP-SAT time for one bound (it is proven in well under a second on the recorded graphs;
+#: on larger ones the best bound found by then is still a valid bound)
+BOUND_S = 2.0
+
+
+def full_space_bound(graph: CostGraph, budget_bytes: int, *, time_limit_s: float = BOUND_S
+                     ) -> float:
+    """A proven lower bound, in seconds, on the recompute time of every schedule of the full
+    space whose simulated peak fits ``budget_bytes``; ``math.inf`` when it proves that none
+    fits; 0.0 when CP-SAT finds no bound in ``time_limit_s``. Remembered per graph and
+    budget."""
+    static = _Static.of(graph)
+    memo = static.__dict__.setdefault("full_bounds", {})
+    if budget_bytes not in memo:
+        memo[budget_bytes] = _solve(graph, budget_bytes, time_limit_s)
+    return memo[budget_bytes]
+
+
+def _ns(seconds: float) -> int:
+    """Whole nanoseconds, rounded down (one less for the float product's rounding)."""
+    return max(0, math.floor(seconds * 1e9) - 1)
+
+
+def _solve(graph: CostGraph, budget: int, time_limit_s: float) -> float:
+    from ortools.sat.python import cp_model
+
+    room = budget - graph.base_bytes
+    if room < 0:
+        return math.inf
+    static = _Static.of(graph)
+    first, done = static.first_step, static.done
+    names = graph.compute_nodes
+    compute = set(names)
+    readers = storage_readers(graph)
+    storages = graph.storages
+    m = cp_model.CpModel()
+    replayed = {p: m.NewBoolVar(f"r_{i}") for i, p in enumerate(names)}
+    kept: dict[int, Any] = {}
+
+    def keep(sid: int) -> Any:
+        if sid not in kept:
+            kept[sid] = m.NewBoolVar(f"a_{sid}")
+        return kept[sid]
+
+    # the backward steps at which each storage is needed: one window per saver whose backward
+    # runs, from its first step to the step after which it lets go
+    windows: dict[int, list[tuple[int, int]]] = {}
+    for sid, st in storages.items():
+        savers = [x for x in st.savers if x in first]
+        if not savers or st.producer not in compute:
+            continue
+        windows[sid] = [(first[x], done[x]) for x in savers]
+        p = st.producer
+        if any(x not in compute for x in savers):
+            m.Add(keep(sid) == 1)  # the loss saved it: never replayed
+        elif set(savers) == {p} and _after_mark(graph, p, sid):
+            # a replay that stops inside p does not remake it (and then needs no copy)
+            continue
+        else:
+            m.AddBoolOr([keep(sid), replayed[p]])
+    for sid, st in storages.items():
+        if st.producer not in compute:
+            continue
+        for u in readers[sid]:
+            if u in compute:
+                m.AddBoolOr([replayed[u].Not(), keep(sid), replayed[st.producer]])
+
+    def fits(const: int, sids: list[int]) -> None:
+        if const > room:
+            m.AddBoolOr([])  # nothing fits
+        elif sids:
+            m.Add(sum(storages[s].bytes * kept[s] for s in sids) <= room - const)
+
+    fits(0, list(kept))  # when forward ends
+    # backward steps, each kept only when its constant part exceeds every earlier step's
+    # (later steps need no more of the kept storages than earlier ones)
+    first_need = {sid: min(f for f, _ in ws) for sid, ws in windows.items()}
+    starts: dict[int, list[int]] = defaultdict(list)
+    ends: dict[int, list[int]] = defaultdict(list)
+    for sid, ws in windows.items():
+        for f, d in ws:
+            starts[f].append(sid)
+            ends[d].append(sid)
+    needed: dict[int, int] = defaultdict(int)  # storage -> windows open now
+    needed_bytes, grads, best = 0, 0, 0
+    for k, (_, top, net) in enumerate(gradient_steps(graph)):
+        for sid in starts[k]:
+            needed[sid] += 1
+            if needed[sid] == 1:
+                needed_bytes += storages[sid].bytes
+        const = grads + (top or 0) + needed_bytes
+        if const > best:
+            best = const
+            fits(const, [s for s in kept if s in first_need and first_need[s] > k])
+        grads += net
+        for sid in ends[k]:
+            needed[sid] -= 1
+            if needed[sid] == 0:
+                needed_bytes -= storages[sid].bytes
+
+    per_saved = graph.checkpoint_saved_s
+    terms = [(_ns(graph.node(p).time_s + per_saved * len(graph.node(p).saved)), v)
+             for p, v in replayed.items()]
+    call = _ns(graph.checkpoint_call_s)
+    if call:
+        anything = m.NewBoolVar("any_replay")
+        for v in replayed.values():
+            m.AddImplication(v, anything)
+        terms.append((call, anything))
+    m.Minimize(sum(c * v for c, v in terms if c))
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 2
+    solver.parameters.max_time_in_seconds = max(0.05, time_limit_s)
+    status = solver.Solve(m)
+    if status == cp_model.INFEASIBLE:
+        return math.inf
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return 0.0
+    return max(0.0, solver.BestObjectiveBound()) / 1e9
+
+
+def _after_mark(graph: CostGraph, node: str, sid: int) -> bool:
+    """Whether a replay that stops at ``node`` (its last saver) leaves storage ``sid``
+    unmade: it is allocated at or after the node's `CostGraph.replay_mark`."""
+    events = graph.fwd_events.get(node, ())
+    at = next((i for i, (kind, s) in enumerate(events) if kind == "a" and s == sid), None)
+    return at is None or at >= graph.replay_mark(node)
+
