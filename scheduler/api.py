@@ -63,8 +63,11 @@ class Plan:
         module: the drop-in checkpointed model (shares the original's parameters).
         schedule: the `Schedule` it runs (with solver, status, budget and estimate stamped).
         estimate: `simulate`'s prediction for the schedule.
-        status: ``OPTIMAL`` or ``FEASIBLE``.
-        gap: proven relative optimality gap, or None where the solver has no bound.
+        status: ``OPTIMAL`` (proven optimal over the full schedule space) or ``FEASIBLE``
+            (``result.space_optimal`` says whether it is proven optimal over the solver's
+            own space, ``schedule.meta["space"]``).
+        gap: proven relative gap to the full space's lower bound, or None where the solver
+            has no bound (the baselines).
         solve_s: seconds the solver ran.
         graph: the profiled `CostGraph`.
         result: the solver's full `SolveResult`.
@@ -317,8 +320,16 @@ def _infeasible(graph: CostGraph, solver: str, result: SolveResult, budget_bytes
                    f"{by!r} baseline's fits it (predicted peak {format_bytes(min_peak)}); "
                    f"use solver={by!r} or an exact solver ('auto')")
     elif exact:
-        message = (f"budget {asked} is infeasible: the smallest feasible budget is {smallest}; "
-                   f"use budget={need} or more")
+        from .solvers.bound import full_space_bound
+
+        if full_space_bound(graph, result.budget_bytes) == math.inf:
+            why = "is infeasible: no schedule of the full space fits it (proven)"
+        else:
+            why = (f"is infeasible over the schedule space of solver {solver!r} (a schedule "
+                   "outside it might fit a smaller budget)")
+        message = (f"budget {asked} {why}; the smallest feasible budget over the space of "
+                   f"solver {solver!r} is "
+                   f"{smallest}; use budget={need} or more")
     else:
         message = (f"budget {asked} is infeasible for solver {solver!r}: the smallest budget "
                    f"any schedule tried fits is {smallest} ({by!r}); use budget={need} or more, "

@@ -47,7 +47,7 @@ class BenchRow:
         solver: the solver name; status: its status.
         recompute_s, peak_bytes: the predicted cost of its schedule (None: no schedule).
         min_feasible_bytes: with INFEASIBLE, the least budget its space fits, where it knows.
-        gap: its proven optimality gap, where it has one.
+        gap: its proven gap to the full schedule space's lower bound, where it has one.
         solve_s: wall seconds of the call.
         ok: for exact solvers, whether its recompute time is at or below every fitting
             baseline's (None for baselines).

@@ -61,7 +61,7 @@ class Row:
             module; the overhead is its step time over the unscheduled step measured in the
             same run, minus one.
         recomputed_regions: recompute regions in the schedule.
-        gap: the solver's proven optimality gap, where it has one.
+        gap: the solver's proven gap to the full schedule space's lower bound, where it has one.
         solve_s: seconds the solver ran.
         schedule: the `Schedule` (not exported to JSON/CSV).
     """

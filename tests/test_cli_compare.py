@@ -89,7 +89,7 @@ def test_compare_infeasible_budget_is_one_line_with_the_minimum(factory):
                              "auto", "--no-measure", "--repeats", "1", "--time-limit", "5"])
     line = one_error_line(err)
     assert code == 2 and stdout == ""
-    assert "is infeasible" in line and "smallest feasible budget is" in line
+    assert "is infeasible" in line and "smallest feasible budget over" in line
 
 
 @pytest.mark.parametrize(("spec", "fragment"), [

@@ -185,3 +185,22 @@ def test_bound_is_remembered_per_graph_and_budget(monkeypatch: Any) -> None:
     assert full_space_bound(g, budget) == a and calls == [budget]
     full_space_bound(g, budget - 1)
     assert calls == [budget, budget - 1]
+
+
+def test_infeasible_budget_error_says_whether_the_full_space_is_ruled_out() -> None:
+    """On the MLP at 50% the bound proves that no schedule of any kind fits; at one byte
+    below dp's least feasible budget at 90% of the MLP's none-peak, it does not."""
+    from scheduler import InfeasibleBudgetError, solve_graph
+
+    g = CostGraph.load(GRAPHS / "mlp.json")
+    peak = simulate(g, Schedule.none(g)).peak_bytes
+    with pytest.raises(InfeasibleBudgetError) as info:
+        solve_graph(g, int(0.5 * peak), solver="dp")
+    assert "no schedule of the full space fits it (proven)" in str(info.value)
+    assert full_space_bound(g, int(0.5 * peak)) == math.inf
+    least = info.value.min_feasible_bytes
+    assert full_space_bound(g, least - 1) < math.inf
+    with pytest.raises(InfeasibleBudgetError) as info:
+        solve_graph(g, least - 1, solver="dp")
+    assert "is infeasible over the schedule space of solver 'dp'" in str(info.value)
+    assert "proven" not in str(info.value)

@@ -3,11 +3,12 @@
 It runs ``dp`` (exact over chain schedules), ``cpsat`` (exact over region schedules of general
 graphs, within the time limit), every baseline and, when something fits and there is a time
 limit, ``cpsat_fine`` (a finer space, for `FINE_SHARE` of the limit), and returns the schedule
-with the least recompute time whose simulated peak fits. Its status is the chosen solver's:
-an exact result keeps OPTIMAL (proven over the space in ``schedule.meta["space"]``); a
-baseline or a ``cpsat_fine`` schedule that beats it (its schedule lies outside that space) is
-FEASIBLE, usually with no useful bound for ``cpsat_fine``. When nothing fits it reports
-INFEASIBLE with the least peak any of them reaches.
+with the least recompute time whose simulated peak fits. Its status, gap and
+``space_optimal`` are the chosen solver's: OPTIMAL only where the full-space bound
+(`bound.full_space_bound`) reaches the schedule's recompute time, else FEASIBLE with the gap to
+that bound (``space_optimal`` when it is proven optimal over the space in
+``schedule.meta["space"]``). When nothing fits it reports INFEASIBLE with the least peak any
+of them reaches.
 """
 
 from __future__ import annotations

@@ -20,9 +20,10 @@ of its unit's last saver).
 So the model is a relaxation: it never rejects a schedule the simulator accepts, and its
 objective is exact. Each solution is simulated; one that does not fit (a replay burst) is cut
 off by a no-good constraint and the model is solved again. The first solution that fits is
-therefore optimal over the space when CP-SAT proves it OPTIMAL; with the time limit hit it is
-FEASIBLE with the proven gap. The best fitting cheap baseline (`WARM_STARTS`) is CP-SAT's hint,
-and cpsat's answer when time runs out before CP-SAT finds a schedule that fits (FEASIBLE, with
+therefore optimal over the space when CP-SAT proves it OPTIMAL (``space_optimal``; `finish`
+decides against the full-space bound whether that is OPTIMAL); with the time limit hit it is
+FEASIBLE with its bound over the space as ``space_bound_s``. The best fitting cheap
+baseline (`WARM_STARTS`) is CP-SAT's hint, and cpsat's answer when time runs out before CP-SAT finds a schedule that fits (FEASIBLE, with
 CP-SAT's bound when it got that far; on large graphs building the model can take the whole
 time limit, and then there is no bound).
 

@@ -16,8 +16,9 @@ policy (which decides whether the activation entering it is held). They are meas
 simulator itself on small schedules, so the DP composes the simulator's own numbers. The DP
 keeps, for every cut and last policy, the Pareto front of (bytes held, recompute time) over
 feasible prefixes: integers, no rounding, so a schedule it accepts fits. Each result is
-simulated again; it is claimed OPTIMAL only when that simulation agrees with the composed
-peak and every region used was separable.
+simulated again; it is claimed optimal over the space only when that simulation agrees with
+the composed peak and every region used was separable (`finish` then calls it OPTIMAL only if
+the full-space bound reaches it; else FEASIBLE with ``space_optimal``).
 
 Running time: O(C^2) simulations to build the region table (cached per graph), then
 O(C^2 * F) per budget, F the Pareto front size.
