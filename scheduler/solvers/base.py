@@ -4,9 +4,9 @@ Every solver is a function ``(graph, budget_bytes, *, time_limit_s=None) -> Solv
 Its result carries the `Schedule`, the `Estimate` that `simulate` gives for it (never the
 solver's own arithmetic), and a status:
 
-* ``OPTIMAL``: the least recompute time over the *full* schedule space (`bound.FULL_SPACE`),
-  proven: the solver proved it optimal over its own space and `bound.full_space_bound`
-  shows that nothing outside it does better;
+* ``OPTIMAL``: the least recompute time over the *full* schedule space (any region
+  boundaries, keep or recompute, any save sets), proven: the solver proved it optimal over
+  its own space and `bound.full_space_bound` shows that nothing outside it does better;
 * ``FEASIBLE``: fits the budget, optimality over the full space not proven (``gap`` says how
   far it may be; ``space_optimal`` says whether it is proven optimal over the solver's own
   space, named in ``schedule.meta["space"]``);

@@ -45,10 +45,7 @@ from typing import Any
 from ..graph import CostGraph
 from ..simulate import _Static, gradient_steps, storage_readers
 
-__all__ = ["FULL_SPACE", "BOUND_S", "MAX_STEPS", "WORKERS", "full_space_bound"]
-
-#: what "the full schedule space" is, as the schedules and the CLI name it
-FULL_SPACE = "any region boundaries, keep or recompute, any save sets"
+__all__ = ["BOUND_S", "MAX_STEPS", "WORKERS", "full_space_bound"]
 
 #: CP-SAT time for one bound (it is proven in well under a second on the recorded graphs;
 #: on larger ones the best bound found by then is still a valid bound)
@@ -126,6 +123,8 @@ def _solve(graph: CostGraph, budget: int, time_limit_s: float) -> float:
             if u in compute:
                 m.AddBoolOr([replayed[u].Not(), keep(sid), replayed[st.producer]])
 
+    calls = _calls(graph, m, replayed, keep)  # (before the sums: it keeps storages too)
+
     def fits(const: int, sids: list[int]) -> None:
         if const > room:
             m.AddBoolOr([])  # nothing fits
@@ -170,7 +169,7 @@ def _solve(graph: CostGraph, budget: int, time_limit_s: float) -> float:
     per_saved = graph.checkpoint_saved_s
     terms = [(_ns(graph.node(p).time_s + per_saved * len(graph.node(p).saved)), v)
              for p, v in replayed.items()]
-    terms += _calls(graph, m, replayed, keep)
+    terms += calls
     m.Minimize(sum(c * v for c, v in terms if c))
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = WORKERS
@@ -178,9 +177,11 @@ def _solve(graph: CostGraph, budget: int, time_limit_s: float) -> float:
     status = solver.Solve(m)
     if status == cp_model.INFEASIBLE:
         return math.inf
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return 0.0
-    return max(0.0, solver.BestObjectiveBound()) / 1e9
+    if status == cp_model.MODEL_INVALID:
+        raise AssertionError(f"the full-space bound's model is invalid: {m.Validate()}")
+    # out of time (UNKNOWN included), the best bound so far still holds
+    bound = solver.BestObjectiveBound()
+    return max(0.0, bound) / 1e9 if math.isfinite(bound) else 0.0
 
 
 def _calls(graph: CostGraph, m: Any, replayed: dict[str, Any], keep: Any
