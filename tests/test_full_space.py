@@ -167,7 +167,7 @@ def test_space_optimum_below_the_full_space_is_feasible_with_its_gap() -> None:
     assert got.space_bound_s == pytest.approx(got.estimate.recompute_s)
     assert got.schedule.meta["space_optimal"] is True and got.schedule.status == FEASIBLE
     assert 0 < got.lower_bound_s < got.estimate.recompute_s
-    better = Schedule.load(DATA / "gpt_70_cpsat_fine.schedule.json")
+    better = Schedule.load(DATA / "gpt_70_cpsat_fine_schedule.json")
     better.validate(g)  # (the fingerprint too)
     est = simulate(g, better)
     assert est.peak_bytes <= budget and est.recompute_s < 0.8 * got.estimate.recompute_s
