@@ -45,7 +45,7 @@ from typing import Any
 from ..graph import CostGraph
 from ..simulate import _Static, gradient_steps, storage_readers
 
-__all__ = ["BOUND_S", "MAX_STEPS", "WORKERS", "full_space_bound"]
+__all__ = ["BOUND_S", "LINK_SPAN", "MAX_STEPS", "WORKERS", "full_space_bound"]
 
 #: CP-SAT time for one bound (it is proven in well under a second on the recorded graphs;
 #: on larger ones the best bound found by then is still a valid bound)
@@ -103,6 +103,7 @@ def _solve(graph: CostGraph, budget: int, time_limit_s: float) -> float:
     # the backward steps at which each storage is needed: one window per saver whose backward
     # runs, from its first step to the step after which it lets go
     windows: dict[int, list[tuple[int, int]]] = {}
+    regenerable: list[tuple[int, str, list[str]]] = []  # (storage, producer, savers)
     for sid, st in storages.items():
         savers = [x for x in st.savers if x in first]
         if not savers or st.producer not in compute:
@@ -116,6 +117,7 @@ def _solve(graph: CostGraph, budget: int, time_limit_s: float) -> float:
             continue
         else:
             m.AddBoolOr([keep(sid), replayed[p]])
+            regenerable.append((sid, p, savers))
     for sid, st in storages.items():
         if st.producer not in compute:
             continue
@@ -123,7 +125,7 @@ def _solve(graph: CostGraph, budget: int, time_limit_s: float) -> float:
             if u in compute:
                 m.AddBoolOr([replayed[u].Not(), keep(sid), replayed[st.producer]])
 
-    calls = _calls(graph, m, replayed, keep)  # (before the sums: it keeps storages too)
+    calls = _regions(graph, m, replayed, keep, regenerable)  # (it keeps storages too)
 
     def fits(const: int, sids: list[int]) -> None:
         if const > room:
@@ -184,39 +186,58 @@ def _solve(graph: CostGraph, budget: int, time_limit_s: float) -> float:
     return max(0.0, bound) / 1e9 if math.isfinite(bound) else 0.0
 
 
-def _calls(graph: CostGraph, m: Any, replayed: dict[str, Any], keep: Any
-           ) -> list[tuple[int, Any]]:
-    """Objective terms for the checkpoint calls replays need, at least.
+#: a copy made by a replay serves only savers in the replayed node's region: for savers at most
+#: this many nodes after the producer, the nodes between must share that region
+LINK_SPAN = 64
 
-    A replayed node whose predecessor (in execution order) does not replay either starts a
-    region (``start``: one call) or shares one with that predecessor, which is then cached by
-    the region's save set (``bridge``: its outputs are kept from forward, and the region pays
-    the selective-checkpoint policy's dispatch for it in forward and in the replay, and the
-    checkpoint's cost per tensor it saves). A node that allocates nothing is in no save set.
-    Distinct starts are distinct regions, so each start's call is paid; when anything
-    replays, at least one call is."""
+
+def _regions(graph: CostGraph, m: Any, replayed: dict[str, Any], keep: Any,
+             regenerable: list[tuple[int, str, list[str]]]) -> list[tuple[int, Any]]:
+    """Regions, as far as the relaxation needs them; returns objective terms.
+
+    ``link[i]``: nodes i-1 and i lie in one recompute region, both at or before its last
+    saver, so each of them replays or is cached by the save set (``cached[x]``: its outputs
+    are kept from forward; it pays the selective-checkpoint dispatch in forward and in the
+    replay, and the checkpoint's cost per tensor it saves; a node that allocates nothing is
+    in no save set). A replayed node without a link to its predecessor starts a region: one
+    checkpoint call each (distinct starts, distinct regions), at least one when anything
+    replays. A storage that is not kept is remade for its savers by a replay of its
+    producer's region, so each saver lies in that region: every node from the producer to
+    the saver is linked (for savers within `LINK_SPAN` nodes)."""
     names = graph.compute_nodes
+    at = {x: i for i, x in enumerate(names)}
     outputs: dict[str, list[int]] = defaultdict(list)
     for sid, st in graph.storages.items():
         if st.output and not st.inner_free:
             outputs[st.producer].append(sid)
-    starts = [replayed[names[0]]] if names else []
+    per_saved = graph.checkpoint_saved_s
     terms: list[tuple[int, Any]] = []
+    cached: dict[str, Any] = {}
+    for x in names:
+        if graph.allocates(x):
+            c = cached[x] = m.NewBoolVar(f"cached_{at[x]}")
+            for sid in outputs[x]:
+                m.AddImplication(c, keep(sid))
+            node = graph.node(x)
+            cost = _ns(2 * (node.sac_s or 0.0) + per_saved * len(node.saved))
+            if cost:
+                terms.append((cost, c))
+    link: list[Any] = [None]
+    starts = [replayed[names[0]]] if names else []
     for i in range(1, len(names)):
-        r, q = replayed[names[i]], names[i - 1]
+        q, x = names[i - 1], names[i]
+        li = m.NewBoolVar(f"link_{i}")
+        link.append(li)
+        for y in (q, x):
+            m.AddBoolOr([li.Not(), replayed[y], *([cached[y]] if y in cached else [])])
         start = m.NewBoolVar(f"start_{i}")
+        m.AddBoolOr([replayed[x].Not(), li, start])
         starts.append(start)
-        if not graph.allocates(q):
-            m.Add(start >= r - replayed[q])
-            continue
-        bridge = m.NewBoolVar(f"bridge_{i}")
-        m.Add(start + bridge >= r - replayed[q])
-        for sid in outputs[q]:
-            m.AddImplication(bridge, keep(sid))
-        node = graph.node(q)
-        cost = _ns(2 * (node.sac_s or 0.0) + graph.checkpoint_saved_s * len(node.saved))
-        if cost:
-            terms.append((cost, bridge))
+    for sid, p, savers in regenerable:
+        for saver in savers:
+            if 0 < at[saver] - at[p] <= LINK_SPAN:
+                for i in range(at[p] + 1, at[saver] + 1):
+                    m.AddBoolOr([keep(sid), link[i]])
     call = _ns(graph.checkpoint_call_s)
     if call and names:
         calls = m.NewIntVar(0, len(names), "calls")
