@@ -119,6 +119,21 @@ def test_bound_is_below_random_schedules_of_recorded_graphs(name: str) -> None:
         assert lb <= est.recompute_s * (1 + REL), (lb, est.recompute_s, s.describe())
 
 
+
+def test_bound_is_below_a_region_whose_last_saver_stops_the_replay() -> None:
+    """A schedule cpsat_fine found for HF GPT-2 at 90% (tests/data): its recompute region
+    ends at a saver whose replay mark is 0, so that node neither replays nor is cached, yet
+    the region remakes a tensor it saves. The bound at the schedule's peak stays below its
+    recompute time (an earlier form of the relaxation went above it)."""
+    g = CostGraph.load(GRAPHS / "hf_gpt2.json")
+    s = Schedule.load(DATA / "hf_gpt2_90_idle_stop_schedule.json")
+    s.validate(g)
+    last = [x for r in s.regions if r.recompute for x in r.nodes if g.node(x).saved][-1]
+    assert g.replay_mark(last) == 0
+    est = simulate(g, s)
+    assert full_space_bound(g, est.peak_bytes) <= est.recompute_s
+
+
 def test_optimal_claims_hold_over_the_full_space() -> None:
     """Whatever solver says OPTIMAL has the brute-force optimum of the full space; every
     fitting result's bound and gap are against that space."""
