@@ -222,3 +222,19 @@ def test_infeasible_budget_error_says_whether_the_full_space_is_ruled_out() -> N
         solve_graph(g, least - 1, solver="dp")
     assert "is infeasible over the schedule space of solver 'dp'" in str(info.value)
     assert "proven" not in str(info.value)
+
+
+def test_a_bound_above_a_fitting_schedule_is_dropped_with_a_warning(monkeypatch: Any) -> None:
+    """A bound above a schedule that fits would be a bug in the relaxation: the result then
+    carries no bound and is not OPTIMAL, and a `BoundWarning` says so (an error in this
+    suite, by pyproject's filterwarnings)."""
+    from scheduler.solvers import bound as mod
+    from scheduler.solvers.bound import BoundWarning
+
+    g = _small(3)
+    budget = g.measured_peak_bytes
+    monkeypatch.setattr(mod, "full_space_bound", lambda graph, b: 1.0)
+    with pytest.warns(BoundWarning, match="relaxation is wrong"):
+        r = get_solver("dp")(g, budget)
+    assert r.status == FEASIBLE and r.space_optimal
+    assert r.lower_bound_s is None and r.gap is None
