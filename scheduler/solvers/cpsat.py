@@ -23,9 +23,10 @@ off by a no-good constraint and the model is solved again. The first solution th
 therefore optimal over the space when CP-SAT proves it OPTIMAL (``space_optimal``; `finish`
 decides against the full-space bound whether that is OPTIMAL); with the time limit hit it is
 FEASIBLE with its bound over the space as ``space_bound_s``. The best fitting cheap
-baseline (`WARM_STARTS`) is CP-SAT's hint, and cpsat's answer when time runs out before CP-SAT finds a schedule that fits (FEASIBLE, with
-CP-SAT's bound when it got that far; on large graphs building the model can take the whole
-time limit, and then there is no bound).
+baseline (`WARM_STARTS`) is CP-SAT's hint, and cpsat's answer when time runs out before
+CP-SAT finds a schedule that fits (FEASIBLE, with CP-SAT's bound over the space when it got
+that far; on large graphs building the model can take the whole time limit, and then there
+is no bound over the space).
 
 Building the model is incremental: a storage's bytes enter the forward sums at its producer
 and turn into its held literal after its last reader; in backward its literal weakens at each
@@ -54,8 +55,9 @@ about 8 s (the probes, O(units^2 * nodes)), with a tenth of a 10 s limit for pro
 2 s; presolve of the full model then takes 5 to 7 s (its memory constraints have about 900k
 terms). Within 10 s, at 90, 80, 70, 60 and 50% of the unscheduled peak, one run answered
 with 0.13, 0.27, 0.43, 0.59 and 0.94 s of recompute (warm start 0.52, 0.52, 0.78, 0.78 and
-0.95 s), with proven bounds of 0.065, 0.151, 0.278, 0.400 and 0.532 s: gaps of 33 to 51%,
-not the 1% we aim for. (Measured before the synthetic graphs carried checkpoint costs: given
+0.95 s), with proven bounds over the space of 0.065, 0.151, 0.278, 0.400 and 0.532 s: gaps
+over the space of 33 to 51%, not the 1% we aim for (against the full-space bound, 82 to
+100%: see README). (Measured before the synthetic graphs carried checkpoint costs: given
 40 s on the fully probed model at 70%, CP-SAT reached 0.42 s with a 20% gap.)
 """
 
@@ -703,8 +705,9 @@ def cpsat(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = N
           ) -> SolveResult:
     """CP-SAT over region schedules at `unit_points` (see the module docstring), warm-started
     with the best fitting cheap baseline. Out of time, it returns the better of the best
-    schedule found that fits and that baseline, as FEASIBLE with CP-SAT's proven bound (when
-    there is one; no higher than the baseline's time, which may lie off the unit points)."""
+    schedule found that fits and that baseline, as FEASIBLE with CP-SAT's proven bound over
+    the space as ``space_bound_s`` (when there is one; no higher than the baseline's time,
+    which may lie off the unit points)."""
     return _cpsat(graph, budget_bytes, time_limit_s, unit_points(graph), "cpsat",
                   "cpsat unit points")
 
@@ -734,10 +737,11 @@ def cpsat_fine(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | Non
     tensors (up to `FINE_UNITS` units), not only where few tensors cross. A space that holds
     `cpsat`'s, so its optimum is never worse; on the recorded graphs CP-SAT finds schedules
     10 to 25% faster than `dp`'s and `cpsat`'s optima within seconds, but rarely proves them
-    (it stops at ``time_limit_s``, FEASIBLE, often with no useful bound). ``warm``: a
+    optimal over its space (it stops at ``time_limit_s``, FEASIBLE, often with no useful bound
+    over the space; its gap is to the full-space bound like any result's). ``warm``: a
     schedule to start from besides the cheap baselines (`auto` gives its best so far)."""
     return _cpsat(graph, budget_bytes, time_limit_s, fine_points(graph), "cpsat_fine",
-                  "every position (cpsat_fine)", warm)
+                  "a boundary after any node that saves tensors (cpsat_fine)", warm)
 
 
 def _cpsat(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
