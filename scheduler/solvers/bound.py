@@ -76,8 +76,7 @@ def full_space_bound(graph: CostGraph, budget_bytes: int, *, time_limit_s: float
     space whose simulated peak fits ``budget_bytes``; ``math.inf`` when it proves that none
     fits; 0.0 when CP-SAT finds no bound in ``time_limit_s``. Remembered per graph and
     budget."""
-    static = _Static.of(graph)
-    memo = static.__dict__.setdefault("full_bounds", {})
+    memo = _Static.of(graph).full_bounds
     if budget_bytes not in memo:
         memo[budget_bytes] = _solve(graph, budget_bytes, time_limit_s)
     return memo[budget_bytes]
