@@ -112,6 +112,8 @@ def _solve(graph: CostGraph, budget: int, time_limit_s: float) -> float:
     # runs, from its first step to the step after which it lets go
     windows: dict[int, list[tuple[int, int]]] = {}
     regenerable: list[tuple[int, str, list[str]]] = []  # (storage, producer, savers)
+    # whether a replay that stops at a storage's producer (its last saver) allocates it
+    remade_at_stop = {sid: before_mark for sid, *_, before_mark in static.stor}
     for sid, st in storages.items():
         savers = [x for x in st.savers if x in first]
         if not savers or st.producer not in compute:
@@ -120,7 +122,7 @@ def _solve(graph: CostGraph, budget: int, time_limit_s: float) -> float:
         p = st.producer
         if any(x not in compute for x in savers):
             m.Add(keep(sid) == 1)  # the loss saved it: never replayed
-        elif set(savers) == {p} and _after_mark(graph, p, sid):
+        elif set(savers) == {p} and not remade_at_stop[sid]:
             # a replay that stops inside p does not remake it (and then needs no copy)
             continue
         else:
@@ -263,12 +265,4 @@ def _idle_stop(graph: CostGraph, node: str) -> bool:
     come before its `CostGraph.replay_mark`) nor be cached: linked, yet neither."""
     return bool(graph.node(node).saved) and \
         not graph.fwd_events.get(node, ())[:graph.replay_mark(node)]
-
-
-def _after_mark(graph: CostGraph, node: str, sid: int) -> bool:
-    """Whether a replay that stops at ``node`` (its last saver) leaves storage ``sid``
-    unmade: it is allocated at or after the node's `CostGraph.replay_mark`."""
-    events = graph.fwd_events.get(node, ())
-    at = next((i for i, (kind, s) in enumerate(events) if kind == "a" and s == sid), None)
-    return at is None or at >= graph.replay_mark(node)
 
