@@ -1,4 +1,5 @@
-"""A proven lower bound on recompute time over the *full* schedule space.
+"""A proven lower bound on recompute time over the *full* schedule space, and the schedules
+its relaxation suggests.
 
 The full space is every schedule `Schedule` can express on one level: region boundaries after
 any compute node, each region ``keep`` or ``recompute``, and any save set. The exact solvers
@@ -7,67 +8,106 @@ sets), so their own optimality proofs say nothing about schedules outside them. 
 bounds every schedule of the full space at once, so that a result can be called OPTIMAL only
 when it is proven so over the full space (`finish` asks it), and its gap is honest otherwise.
 
-**Relaxation.** Booleans ``r[p]``: node p runs again in a replay; ``a[s]``: the storage s
-that forward made is itself used by backward (it stays alive from forward until the first
-backward step that uses it; for a storage nothing saves: it is alive when forward ends).
-Every schedule of the full space maps to values that satisfy:
+**Relaxation** (`Relaxation`). Booleans ``r[p]``: node p runs again in a replay; ``a[s]``:
+the storage s that forward made is itself used by backward (it stays alive from forward until
+the first backward step that uses it; for a storage nothing saves: it is alive when forward
+ends); ``link[i]``: nodes i-1 and i lie in one recompute region, both at or before its last
+saver; ``cached[x]``: x is in its region's save set (its outputs kept from forward). Every
+schedule of the full space maps to values that satisfy:
 
+* a linked node replays or is cached (or, node i only, is the region's last saver and stops
+  the replay before running: `_idle_stop`);
 * a storage that a node saves for backward (a node whose backward runs) is kept, or its
   producer runs again in a region that holds its savers too (a saver outside every region,
-  the loss, always keeps it): every node from the producer to the saver is *linked* to its
-  predecessor (same recompute region, at or before its last saver), and a linked node
-  replays or is cached by a save set (its outputs kept);
-* a node that runs again reads each of its inputs kept or run again too (a region's inputs
-  are held, its save-set outputs cached: both alive when forward ends);
-* when forward ends, the kept storages fit the budget;
-* at a backward step, its gradients (which no schedule changes), the storages some node
-  whose backward spans that step saved (alive in every schedule), and the kept storages not
-  needed yet fit the budget (for up to `MAX_STEPS` steps, those no earlier step implies).
+  the loss, always keeps it): every node from the producer to the saver is linked;
+* a node that runs again reads each of its inputs kept, or remade in its own region (every
+  node from the producer to it linked); read from another region, the input is the region's,
+  held by the checkpoint until the region's last backward step, at least until the first node
+  at or after the reader that saves tensors lets go (it is in the region: the reader runs in
+  the replay, which stops at the region's last saver);
+* in forward, before each node's events: the storages between their producer and last reader
+  (alive in every schedule), the node's own highest running total and the kept storages whose
+  last reader ran fit the budget; so do the kept storages when forward ends;
+* at a backward step: its gradients (which no schedule changes), the storages some node whose
+  backward spans that step saved (alive in every schedule), the kept storages not needed yet
+  and the region inputs still held fit the budget; at the first backward step of a saver z,
+  so do the copies that z's region's replay made (a storage not kept whose producer is linked
+  to z, needed after that step). Up to `MAX_STEPS` steps each, those no other step implies.
 
-The objective is what those replays cost at least (in whole nanoseconds, rounded down): each
-replayed node's forward time and the checkpoint's cost per tensor it saves, each cached
-node's save-set dispatch and per-tensor cost, and a checkpoint call for every replayed node
-not linked to its predecessor (it starts a region), at least one when anything replays
-(`_regions`). Replay bursts, held region inputs after forward, op temporaries and the other
-nodes' save-set dispatch cost are left out, so the bound is below every fitting schedule's
-simulated recompute time, and usually below the optimum: read a gap against it as "at most
-this far from optimal", not as the distance.
+The objective is what those replays cost at least (in whole picoseconds, `UNIT_S`, rounded down): each
+replayed node's forward time and the checkpoint's cost per tensor it saves; each cached node's
+save-set dispatch (in forward and in the replay) and per-tensor cost; the dispatch of each
+replayed node linked to a cached one (a region with a save set); and a checkpoint call for
+every replayed or cached node not linked to its predecessor (it starts a region), at least one
+when anything replays. Transient replay peaks, what a region holds after its last saver and
+the save-set dispatch of nodes that do not replay are left out, so the bound is below every
+fitting schedule's simulated recompute time: read a gap against it as "at most this far from
+optimal", not as the distance.
+
+**Rounding** (`Relaxation.schedule`). A solution of the relaxation reads as a schedule: each
+run of linked nodes, from a replayed or cached node that is not linked to its predecessor, is
+a recompute region whose save set is its cached nodes; the rest is kept. Its simulated peak
+may exceed the budget (what the relaxation leaves out), and its recompute time is at least
+the solution's; when it fits and reaches the proven bound, it is optimal over the full space
+(`relax`).
 
 It is checked against brute force over the full space on small graphs, and against random
 schedules with save sets on the recorded graphs, and `finish` checks it against every
 exact solver's result (`BoundWarning`). On the recorded graphs CP-SAT proves its optimum in
-0.05 to 1 s; on a 2,000-node synthetic DAG it does not within `BOUND_S`, and the best bound
-found by then stands.
+0.2 to 5 s; on larger ones it does not within `BOUND_S`, and the best bound found by then
+stands.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from ..graph import CostGraph
-from ..simulate import _Static, gradient_steps, storage_readers
+from ..schedule import KEEP, RECOMPUTE, Schedule
+from ..simulate import Estimate, _Static, gradient_steps, simulate, storage_readers
 
-__all__ = ["BOUND_S", "LINK_SPAN", "MAX_STEPS", "WORKERS", "BoundWarning", "full_space_bound"]
+__all__ = ["BOUND_S", "LINK_SPAN", "MAX_STEPS", "WORKERS", "BoundWarning", "Relaxation",
+           "full_space_bound"]
 
 
 class BoundWarning(RuntimeWarning):
     """The bound came out above the recompute time of a schedule that fits: a bug in the
     relaxation for this graph. The result then carries no bound (and is not OPTIMAL)."""
 
-#: CP-SAT time for one bound (it is proven in well under a second on the recorded graphs;
-#: on larger ones the best bound found by then is still a valid bound)
+
+#: CP-SAT time for one bound (on the recorded graphs it is proven in 0.2 to 5 s; stopped
+#: earlier, the best bound found by then is still a valid bound)
 BOUND_S = 2.0
 
-#: at most this many backward steps get a memory constraint (evenly spread over those that
-#: are not implied by earlier ones): each has a term per storage not needed yet, and on
-#: thousands of nodes all of them make a model CP-SAT cannot bound in `BOUND_S`
-MAX_STEPS = 40
+#: at most this many forward nodes, and as many backward steps, get a memory constraint
+#: (evenly spread over those that are not implied by others): each has a term per storage
+#: it may hold, and on thousands of nodes all of them make a model CP-SAT cannot bound in
+#: `BOUND_S`
+MAX_STEPS = 10
 
-#: CP-SAT workers: with 8, its portfolio proves the recorded graphs' bounds in under a second
+#: CP-SAT workers: with 8, its portfolio proves the recorded graphs' bounds in seconds
 #: (even on 2 cores); with 2 it leaves them at the trivial bound for seconds
 WORKERS = 8
+
+#: graphs with more compute nodes than this get a lean `Relaxation` (on the 600-node HF GPT-2,
+#: CP-SAT bounds the full one at 90% of its peak to 0.2 ms in 2 s, the lean one to 1.9 ms)
+LEAN_NODES = 300
+
+#: solves of the relaxation `relax_and_round` makes at most (each adds the memory constraints
+#: the last rounded schedule broke, or lowers the budget it rounds at)
+ROUNDS = 8
+
+#: without a time limit, each solve stops after this long (its bound is valid either way)
+SOLVE_S = 60.0
+
+#: a copy made by a replay serves only savers in the replayed node's region: for savers (and
+#: readers) at most this many nodes after the producer, the nodes between must share that
+#: region
+LINK_SPAN = 64
 
 
 def full_space_bound(graph: CostGraph, budget_bytes: int, *, time_limit_s: float = BOUND_S
@@ -75,189 +115,574 @@ def full_space_bound(graph: CostGraph, budget_bytes: int, *, time_limit_s: float
     """A proven lower bound, in seconds, on the recompute time of every schedule of the full
     space whose simulated peak fits ``budget_bytes``; ``math.inf`` when it proves that none
     fits; 0.0 when CP-SAT finds no bound in ``time_limit_s``. Remembered per graph and
-    budget."""
+    budget (a better bound found later, by `relax`, replaces it)."""
     memo = _Static.of(graph).full_bounds
     if budget_bytes not in memo:
         memo[budget_bytes] = _solve(graph, budget_bytes, time_limit_s)
     return memo[budget_bytes]
 
 
-def _ns(seconds: float) -> int:
-    """Whole nanoseconds, rounded down (one less for the float product's rounding)."""
-    return max(0, math.floor(seconds * 1e9) - 1)
+def remember_bound(graph: CostGraph, budget_bytes: int, bound: float) -> float:
+    """Keep ``bound`` for `full_space_bound` when it beats the one remembered; returns the
+    best."""
+    memo = _Static.of(graph).full_bounds
+    memo[budget_bytes] = max(bound, memo.get(budget_bytes, 0.0))
+    return memo[budget_bytes]
 
 
 def _solve(graph: CostGraph, budget: int, time_limit_s: float) -> float:
-    from ortools.sat.python import cp_model
+    return relax_and_round(graph, budget, time_limit_s).bound
 
-    room = budget - graph.base_bytes
-    if room < 0:
-        return math.inf
-    static = _Static.of(graph)
-    first, done = static.first_step, static.done
-    names = graph.compute_nodes
-    compute = set(names)
-    readers = storage_readers(graph)
-    storages = graph.storages
-    m = cp_model.CpModel()
-    replayed = {p: m.NewBoolVar(f"r_{i}") for i, p in enumerate(names)}
-    kept: dict[int, Any] = {}
 
-    def keep(sid: int) -> Any:
-        if sid not in kept:
-            kept[sid] = m.NewBoolVar(f"a_{sid}")
-        return kept[sid]
+@dataclass(frozen=True)
+class Relaxed:
+    """What `relax_and_round` found: a proven ``bound`` (seconds; ``math.inf``: nothing
+    fits), whether it is the relaxation's ``proven`` optimum (all memory constraints the
+    rounded schedules broke included), and the best ``schedule`` that fits among those read
+    off its solutions (None if none did), with its simulated recompute time."""
 
-    # the backward steps at which each storage is needed: one window per saver whose backward
-    # runs, from its first step to the step after which it lets go
-    windows: dict[int, list[tuple[int, int]]] = {}
-    regenerable: list[tuple[int, str, list[str]]] = []  # (storage, producer, savers)
-    # whether a replay that stops at a storage's producer (its last saver) allocates it
-    remade_at_stop = {sid: before_mark for sid, *_, before_mark in static.stor}
-    for sid, st in storages.items():
-        savers = [x for x in st.savers if x in first]
-        if not savers or st.producer not in compute:
+    bound: float
+    proven: bool
+    schedule: Schedule | None
+    recompute_s: float = math.inf
+
+
+def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
+                    *, rounds: int = ROUNDS) -> Relaxed:
+    """Solve the relaxation at the budget, lazily: each solution is rounded to a schedule and
+    simulated; the memory constraints it breaks that the model left out go in, and it is
+    solved again (hinted with the last solution), up to ``rounds`` solves or ``time_limit_s``
+    (None: each solve may take `SOLVE_S`). Each solve's bound is valid, so the best is kept.
+    When a rounded schedule breaks no constraint the model lacks (what the relaxation leaves
+    out), the next solves are at a budget lowered by its overshoot: those give schedules,
+    not bounds."""
+    started = time.perf_counter()
+    best: list[tuple[float, Schedule]] = []
+    bound, proven = 0.0, False
+    rel = Relaxation(graph, budget_bytes)
+    target = budget_bytes
+    for round_ in range(rounds):
+        limit = SOLVE_S if time_limit_s is None else \
+            (time_limit_s - (time.perf_counter() - started)) / (1 if round_ else 2)
+        if limit <= 0.05:
+            break
+        found: list[Schedule] = []
+        lb, optimum = rel.solve(limit, on_solution=lambda value: found.append(
+            rel.schedule(value)))
+        if target == budget_bytes:
+            if lb == math.inf:
+                return Relaxed(math.inf, True, None)
+            bound, proven = max(bound, lb), optimum
+        last = None
+        for sched in found:
+            last = est = simulate(graph, sched)
+            if est.peak_bytes <= budget_bytes and (not best or est.recompute_s < best[0][0]):
+                best[:] = [(est.recompute_s, sched)]
+        if last is None or (best and best[0][0] <= bound * (1 + 1e-6)):
+            break
+        if last.peak_bytes <= budget_bytes:
+            if optimum:
+                break  # its optimum fits: nothing better to round
+            continue  # (more time for the same model)
+        if target == budget_bytes and rel.add(rel.violated(last)):
             continue
-        windows[sid] = [(first[x], done[x]) for x in savers]
-        p = st.producer
-        if any(x not in compute for x in savers):
-            m.Add(keep(sid) == 1)  # the loss saved it: never replayed
-        elif set(savers) == {p} and not remade_at_stop[sid]:
-            # a replay that stops inside p does not remake it (and then needs no copy)
-            continue
-        else:
-            m.AddBoolOr([keep(sid), replayed[p]])
-            regenerable.append((sid, p, savers))
-    for sid, st in storages.items():
-        if st.producer not in compute:
-            continue
-        for u in readers[sid]:
-            if u in compute:
-                m.AddBoolOr([replayed[u].Not(), keep(sid), replayed[st.producer]])
-
-    calls = _regions(graph, m, replayed, keep, regenerable)  # (it keeps storages too)
-
-    def fits(const: int, sids: list[int]) -> None:
-        if const > room:
-            m.AddBoolOr([])  # nothing fits
-        elif sids:
-            m.Add(sum(storages[s].bytes * kept[s] for s in sids) <= room - const)
-
-    fits(0, list(kept))  # when forward ends
-    # backward steps, each kept only when its constant part exceeds every earlier step's
-    # (later steps need no more of the kept storages than earlier ones)
-    first_need = {sid: min(f for f, _ in ws) for sid, ws in windows.items()}
-    starts: dict[int, list[int]] = defaultdict(list)
-    ends: dict[int, list[int]] = defaultdict(list)
-    for sid, ws in windows.items():
-        for f, d in ws:
-            starts[f].append(sid)
-            ends[d].append(sid)
-    needed: dict[int, int] = defaultdict(int)  # storage -> windows open now
-    needed_bytes, grads, best = 0, 0, 0
-    candidates: list[tuple[int, int]] = []  # (step, constant part)
-    for k, (_, top, net) in enumerate(gradient_steps(graph)):
-        for sid in starts[k]:
-            needed[sid] += 1
-            if needed[sid] == 1:
-                needed_bytes += storages[sid].bytes
-        const = grads + (top or 0) + needed_bytes
-        if const > best:
-            best = const
-            candidates.append((k, const))
-        grads += net
-        for sid in ends[k]:
-            needed[sid] -= 1
-            if needed[sid] == 0:
-                needed_bytes -= storages[sid].bytes
-
-    if len(candidates) > MAX_STEPS:  # evenly spread, the highest constant part among them
-        top_at = max(range(len(candidates)), key=lambda i: candidates[i][1])
-        picked = {int(i * len(candidates) / MAX_STEPS) for i in range(MAX_STEPS - 1)}
-        candidates = [candidates[i] for i in sorted(picked | {top_at})]
-    for k, const in candidates:
-        fits(const, [s for s in kept if s in first_need and first_need[s] > k])
-
-    per_saved = graph.checkpoint_saved_s
-    terms = [(_ns(graph.node(p).time_s + per_saved * len(graph.node(p).saved)), v)
-             for p, v in replayed.items()]
-    terms += calls
-    m.Minimize(sum(c * v for c, v in terms if c))
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = WORKERS
-    solver.parameters.max_time_in_seconds = max(0.05, time_limit_s)
-    status = solver.Solve(m)
-    if status == cp_model.INFEASIBLE:
-        return math.inf
-    if status == cp_model.MODEL_INVALID:
-        raise AssertionError(f"the full-space bound's model is invalid: {m.Validate()}")
-    # out of time (UNKNOWN included), the best bound so far still holds
-    bound = solver.BestObjectiveBound()
-    return max(0.0, bound) / 1e9 if math.isfinite(bound) else 0.0
+        target -= last.peak_bytes - budget_bytes  # round a tighter relaxation
+        if target < graph.base_bytes:
+            break
+        rel = Relaxation(graph, target)
+    if not best:
+        return Relaxed(bound, proven, None)
+    return Relaxed(bound, proven, best[0][1], best[0][0])
 
 
-#: a copy made by a replay serves only savers in the replayed node's region: for savers at most
-#: this many nodes after the producer, the nodes between must share that region
-LINK_SPAN = 64
+#: the objective's unit, in seconds: a picosecond, so that its rounding (at most 2 units a
+#: term, a few hundred terms at once) stays within a millionth of a millisecond's recompute
+UNIT_S = 1e-12
 
 
-def _regions(graph: CostGraph, m: Any, replayed: dict[str, Any], keep: Any,
-             regenerable: list[tuple[int, str, list[str]]]) -> list[tuple[int, Any]]:
-    """Regions, as far as the relaxation needs them; returns objective terms.
+def _units(seconds: float) -> int:
+    """Whole `UNIT_S`, rounded down (one less for the float product's rounding)."""
+    return max(0, math.floor(seconds / UNIT_S) - 1)
 
-    ``link[i]``: nodes i-1 and i lie in one recompute region, both at or before its last
-    saver, so each of them replays or is cached by the save set, or (node i only) is that
-    last saver and stops the replay before running (`_idle_stop`) (``cached[x]``: its outputs
-    are kept from forward; it pays the selective-checkpoint dispatch in forward and in the
-    replay, and the checkpoint's cost per tensor it saves; a node that allocates nothing is
-    in no save set). A replayed node without a link to its predecessor starts a region: one
-    checkpoint call each (distinct starts, distinct regions), at least one when anything
-    replays. A storage that is not kept is remade for its savers by a replay of its
-    producer's region, so each saver lies in that region: every node from the producer to
-    the saver is linked (for savers within `LINK_SPAN` nodes)."""
-    names = graph.compute_nodes
-    at = {x: i for i, x in enumerate(names)}
-    outputs: dict[str, list[int]] = defaultdict(list)
-    for sid, st in graph.storages.items():
-        if st.output and not st.inner_free:
-            outputs[st.producer].append(sid)
-    per_saved = graph.checkpoint_saved_s
-    terms: list[tuple[int, Any]] = []
-    cached: dict[str, Any] = {}
-    for x in names:
-        if graph.allocates(x):
-            c = cached[x] = m.NewBoolVar(f"cached_{at[x]}")
-            for sid in outputs[x]:
-                m.AddImplication(c, keep(sid))
-            node = graph.node(x)
-            cost = _ns(2 * (node.sac_s or 0.0) + per_saved * len(node.saved))
-            if cost:
-                terms.append((cost, c))
-    link: list[Any] = [None]
-    starts = [replayed[names[0]]] if names else []
-    for i in range(1, len(names)):
-        q, x = names[i - 1], names[i]
-        li = m.NewBoolVar(f"link_{i}")
-        link.append(li)
-        for y in (q, x):  # (q comes before the last saver, so only x can be an idle one)
-            if y == q or not _idle_stop(graph, y):
-                m.AddBoolOr([li.Not(), replayed[y], *([cached[y]] if y in cached else [])])
-        start = m.NewBoolVar(f"start_{i}")
-        m.AddBoolOr([replayed[x].Not(), li, start])
-        starts.append(start)
-    for sid, p, savers in regenerable:
-        for saver in savers:
-            if 0 < at[saver] - at[p] <= LINK_SPAN:
-                for i in range(at[p] + 1, at[saver] + 1):
-                    m.AddBoolOr([keep(sid), link[i]])
-    call = _ns(graph.checkpoint_call_s)
-    if call and names:
-        calls = m.NewIntVar(0, len(names), "calls")
-        m.Add(calls >= sum(starts))
-        for r in replayed.values():
-            m.Add(calls >= 1).OnlyEnforceIf(r)
-        terms.append((call, calls))
-    return terms
+
+class Relaxation:
+    """The CP-SAT relaxation of the full space for one graph and budget (see the module
+    docstring): `solve` bounds it, `schedule` rounds a solution to a schedule."""
+
+    def __init__(self, graph: CostGraph, budget_bytes: int, *, lean: bool | None = None):
+        """``lean``: leave out of the model's memory constraints the region inputs held in
+        backward and the cached outputs awaiting their replay, and add no replay-burst
+        constraint up front (they stay pending): a weaker relaxation that CP-SAT bounds much
+        sooner on large graphs. None: lean beyond `LEAN_NODES` compute nodes."""
+        from ortools.sat.python import cp_model
+
+        self.g, self.budget = graph, budget_bytes
+        self.lean = len(graph.compute_nodes) > LEAN_NODES if lean is None else lean
+        self.room = room = budget_bytes - graph.base_bytes
+        static = self.static = _Static.of(graph)
+        names = self.names = graph.compute_nodes
+        self.at = {x: i for i, x in enumerate(names)}
+        m = self.m = cp_model.CpModel()
+        self.infeasible = room < 0
+        self.replayed = {p: m.NewBoolVar(f"r_{i}") for i, p in enumerate(names)}
+        self.kept: dict[int, Any] = {}
+        self.terms: list[tuple[int, Any]] = []  # objective: (ns, literal or integer variable)
+        self._ors: dict[tuple[int, ...], Any] = {}  # `_or`'s literals, by their operands
+        self._hint: list[int] = []  # the last solve's solution, by variable index
+        # `_cached_alive`'s: savers by step, linked runs, its literals
+        self._early: dict[int, list[int]] = {}
+        self._runs: dict[tuple[int, int], Any] = {}  # `_run`'s literals
+        self._alive: dict[tuple[str, tuple[int, ...]], Any] = {}
+        if self.infeasible:
+            return
+        first = static.first_step
+        # the backward steps at which each storage is needed: one window per saver whose
+        # backward runs, from its first step to the step after which it lets go
+        self.windows: dict[int, list[tuple[int, int]]] = {}
+        # storages a replay may remake for savers in its region: (storage, producer, savers)
+        self.regenerable: list[tuple[int, str, list[str]]] = []
+        remade_at_stop = {sid: before_mark for sid, *_, before_mark in static.stor}
+        for sid, st in graph.storages.items():
+            savers = [x for x in st.savers if x in first]
+            if not savers or st.producer not in self.at:
+                continue
+            self.windows[sid] = [(first[x], static.done[x]) for x in savers]
+            p = st.producer
+            if any(x not in self.at for x in savers):
+                m.Add(self.keep(sid) == 1)  # the loss saved it: never replayed
+            elif set(savers) == {p} and not remade_at_stop[sid]:
+                continue  # a replay that stops inside p does not remake it (needs no copy)
+            else:
+                m.AddBoolOr([self.keep(sid), self.replayed[p]])
+                self.regenerable.append((sid, p, savers))
+        self.first_need = {sid: min(f for f, _ in ws) for sid, ws in self.windows.items()}
+        # memory constraints not in the model yet, by label (("fwd", node position),
+        # ("bwd", step), ("burst", step)): `add` puts them in, `violated` says which a
+        # schedule breaks
+        self.pending: dict[tuple[str, int], Callable[[], None]] = {}
+        self._regions()
+        self._inputs()
+        self._fits(0, [(graph.storages[s].bytes, v) for s, v in self.kept.items()])
+        self._forward()
+        self._backward()
+        m.Minimize(sum(c * v for c, v in self.terms if c))
+
+    def add(self, labels: list[tuple[str, int]]) -> int:
+        """Put the pending memory constraints ``labels`` in the model; returns how many were
+        pending."""
+        added = 0
+        for label in labels:
+            build = self.pending.pop(label, None)
+            if build is not None:
+                build()
+                added += 1
+        return added
+
+    def violated(self, estimate: Estimate) -> list[tuple[str, int]]:
+        """Labels of the memory constraints (pending or not) at the forward nodes and
+        backward steps where ``estimate`` (a simulation with its timeline) goes over the
+        budget: before each, what was alive plus its own highest running total."""
+        g, budget = self.g, self.budget
+        out: list[tuple[str, int]] = []
+        prev, fwd, k = g.base_bytes, 0, 0
+        steps = gradient_steps(g)
+        for label, cur in estimate.timeline:
+            if label.startswith("bwd "):
+                if prev + max(0, steps[k][1] or 0) > budget or cur > budget:
+                    out += [("bwd", k), ("burst", k)]
+                k += 1
+            elif label.startswith("recompute "):
+                if cur > budget:
+                    out.append(("burst", k))
+            else:
+                if prev + self.node_peak[fwd] > budget or cur > budget:
+                    out.append(("fwd", fwd))
+                fwd += 1
+            prev = cur
+        return out
+
+    # -- variables ---------------------------------------------------------------------------
+    def keep(self, sid: int) -> Any:
+        """``a[sid]``, made on first use."""
+        if sid not in self.kept:
+            self.kept[sid] = self.m.NewBoolVar(f"a_{sid}")
+        return self.kept[sid]
+
+    def _fits(self, const: int, terms: list[tuple[int, Any]]) -> None:
+        if const > self.room:
+            self.m.AddBoolOr([])  # nothing fits
+        elif terms:
+            self.m.Add(sum(b * v for b, v in terms) <= self.room - const)
+
+    def _regions(self) -> None:
+        """Links, cached nodes, region starts and save sets, and what they cost."""
+        g, m, names, at, replayed = self.g, self.m, self.names, self.at, self.replayed
+        outputs: dict[str, list[int]] = defaultdict(list)
+        for sid, st in g.storages.items():
+            if st.output and not st.inner_free:
+                outputs[st.producer].append(sid)
+        per_saved = g.checkpoint_saved_s
+        cached = self.cached = {}
+        for x in names:
+            if g.allocates(x):  # (a node that allocates nothing is in no save set)
+                c = cached[x] = m.NewBoolVar(f"cached_{at[x]}")
+                for sid in outputs[x]:
+                    m.AddImplication(c, self.keep(sid))
+        link: list[Any] = [None]
+        starts = []
+        for i, x in enumerate(names):
+            start = m.NewBoolVar(f"start_{i}")
+            starts.append(start)
+            if i == 0:
+                m.AddImplication(replayed[x], start)
+                if x in cached:
+                    m.AddImplication(cached[x], start)
+                continue
+            q = names[i - 1]
+            li = m.NewBoolVar(f"link_{i}")
+            link.append(li)
+            for y in (q, x):  # (q comes before the last saver, so only x can be an idle one)
+                if y == q or not _idle_stop(g, y):
+                    m.AddBoolOr([li.Not(), replayed[y], *([cached[y]] if y in cached else [])])
+            # a replayed or cached node not linked to its predecessor starts a region
+            m.AddBoolOr([replayed[x].Not(), li, start])
+            if x in cached:
+                m.AddBoolOr([cached[x].Not(), li, start])
+        self.link = link
+        # cached nodes' outputs that nothing saves: held until their region's replay
+        self.cached_out = [(sid, x) for x in cached for sid in outputs[x]
+                           if sid not in self.windows]
+        # with_save[i]: node i's region has a save set (a cached node linked to it); then a
+        # replayed node pays the policy's dispatch in forward and in the replay
+        with_save = [m.NewBoolVar(f"sac_{i}") for i in range(len(names))]
+        for x, c in cached.items():
+            m.AddImplication(c, with_save[at[x]])
+        for i in range(1, len(names)):
+            m.AddBoolOr([link[i].Not(), with_save[i - 1].Not(), with_save[i]])
+            m.AddBoolOr([link[i].Not(), with_save[i].Not(), with_save[i - 1]])
+        for i, x in enumerate(names):
+            node = g.node(x)
+            self.terms.append((_units(node.time_s), replayed[x]))
+            runs = [replayed[x], *([cached[x]] if x in cached else [])]
+            # a node in a region: it replays, is cached, or is linked to its predecessor
+            inside = [*runs, *([link[i]] if i else [])]
+            if node.saved and per_saved:  # the checkpoint's hooks on what it saves
+                v = m.NewBoolVar(f"hooks_{i}")
+                for lit in inside:
+                    m.AddImplication(lit, v)
+                self.terms.append((_units(per_saved * len(node.saved)), v))
+            if node.sac_s:  # the policy's dispatch: in forward, and again in the replay
+                for name, lits in (("fwd", inside), ("replay", runs)):
+                    v = m.NewBoolVar(f"dispatch_{name}_{i}")
+                    for lit in lits:
+                        m.AddBoolOr([lit.Not(), with_save[i].Not(), v])
+                    self.terms.append((_units(node.sac_s), v))
+        # a storage not kept is remade for its savers by its producer's region
+        for sid, p, savers in self.regenerable:
+            far = max((at[x] for x in savers if 0 < at[x] - at[p] <= LINK_SPAN), default=None)
+            if far is not None:
+                m.AddBoolOr([self.keep(sid), self._run(at[p], far)])
+        call = _units(g.checkpoint_call_s)
+        if call and names:
+            calls = m.NewIntVar(0, len(names), "calls")
+            m.Add(calls >= sum(starts))
+            for r in replayed.values():
+                m.Add(calls >= 1).OnlyEnforceIf(r)
+            self.terms.append((call, calls))
+
+    def _inputs(self) -> None:
+        """What a replayed node reads: kept, or remade in its region (``chain``: every node
+        from the producer linked), or else a region input (``inp``), held until at least the
+        step after which the first node at or after the reader that saves tensors lets go.
+        Pairs more than `LINK_SPAN` nodes apart only get the first rule."""
+        g, m, at, static = self.g, self.m, self.at, self.static
+        names, replayed, link = self.names, self.replayed, self.link
+        next_saver: list[int | None] = [None] * (len(names) + 1)
+        for i in range(len(names) - 1, -1, -1):
+            next_saver[i] = i if names[i] in static.has_saved else next_saver[i + 1]
+        readers = storage_readers(g)
+        self.inputs: list[tuple[int, Any, int]] = []  # (storage, inp, held until step)
+        for sid, st in g.storages.items():
+            if st.producer not in at:
+                continue
+            p = at[st.producer]
+            for u in readers[sid]:
+                if u not in at:
+                    continue
+                m.AddBoolOr([replayed[u].Not(), self.keep(sid), replayed[st.producer]])
+                if not 0 < at[u] - p <= LINK_SPAN:
+                    continue
+                chain = self._run(p, at[u])
+                m.AddBoolOr([replayed[u].Not(), self.keep(sid), chain])
+                z = next_saver[at[u]]
+                if z is not None:
+                    inp = m.NewBoolVar("")
+                    # u is in a region when it replays, is cached or is linked (the region's
+                    # checkpoint holds what any of its nodes reads from outside)
+                    for lit in (replayed[u], self.cached.get(u), link[at[u]]):
+                        if lit is not None:
+                            m.AddBoolOr([lit.Not(), chain, inp])
+                    self.inputs.append((sid, inp, static.done[names[z]]))
+
+    def _forward(self) -> None:
+        """Forward: before each node's events (see the module docstring). Along forward only
+        the kept part grows, so a node gets a constraint only when its constant part is above
+        every later node's (at most `MAX_STEPS`)."""
+        g = self.g
+        pos = {x.name: i for i, x in enumerate(g.nodes)}
+        loss = g.meta.get("loss_node")
+        enter: dict[int, list[int]] = defaultdict(list)
+        leave: dict[int, list[int]] = defaultdict(list)
+        for sid, st in g.storages.items():
+            if st.inner_free:
+                continue
+            p = pos[st.producer]
+            enter[p + 1].append(sid)
+            leave[max(pos[st.last_use], p) + 1].append(sid)
+        const, tops, gone = 0, [], []
+        for i, x in enumerate(g.nodes):
+            const += sum(g.storages[sid].bytes for sid in enter.get(i, ()))
+            for sid in leave.get(i, ()):
+                st = g.storages[sid]
+                if not (st.output and st.producer == loss):  # the loss's output stays
+                    const -= st.bytes
+                    gone.append(sid)
+            run = peak = 0
+            for kind, sid in g.fwd_events.get(x.name, ()):
+                run += g.storages[sid].bytes if kind == "a" else -g.storages[sid].bytes
+                peak = max(peak, run)
+            tops.append((const, peak, len(gone)))
+        self.node_peak = [peak for _, peak, _ in tops]
+        for i, (const, peak, n_gone) in enumerate(tops):
+            self.pending[("fwd", i)] = self._forward_fits(const + peak, gone, n_gone)
+        needed, later = [], None
+        for i in range(len(tops) - 1, -1, -1):
+            top = tops[i][0] + tops[i][1]
+            if later is None or top > later:
+                needed.append(i)
+                later = top
+        self.add([("fwd", i) for i in _spread(needed, key=lambda i: sum(tops[i][:2]))])
+
+    def _forward_fits(self, top: int, gone: list[int], n_gone: int) -> Callable[[], None]:
+        """The constraint at a forward node: ``top`` and the kept of ``gone[:n_gone]``."""
+        def build() -> None:
+            self._fits(top, [(self.g.storages[s].bytes, self.kept[s])
+                             for s in gone[:n_gone] if s in self.kept])
+        return build
+
+    def _backward(self) -> None:
+        """Backward steps (see the module docstring): those whose constant part exceeds every
+        earlier step's (later ones need no more of the kept storages), and the first steps of
+        savers, for replay bursts (at most `MAX_STEPS` each)."""
+        g, static = self.g, self.static
+        starts: dict[int, list[int]] = defaultdict(list)
+        ends: dict[int, list[int]] = defaultdict(list)
+        for sid, ws in self.windows.items():
+            for f, d in ws:
+                starts[f].append(sid)
+                ends[d].append(sid)
+        needed: dict[int, int] = defaultdict(int)  # storage -> windows open now
+        needed_bytes, grads, best = 0, 0, -1
+        consts: list[int] = []
+        higher: list[tuple[int, int]] = []  # (step, constant part)
+        for k, (_, top, net) in enumerate(gradient_steps(g)):
+            for sid in starts[k]:
+                needed[sid] += 1
+                if needed[sid] == 1:
+                    needed_bytes += g.storages[sid].bytes
+            const = grads + (top or 0) + needed_bytes
+            consts.append(const)
+            if const > best:
+                best = const
+                higher.append((k, const))
+            grads += net
+            for sid in ends[k]:
+                needed[sid] -= 1
+                if needed[sid] == 0:
+                    needed_bytes -= g.storages[sid].bytes
+        for k, const in enumerate(consts):
+            self.pending[("bwd", k)] = self._step_fits(k, const)
+        bursts = sorted({static.first_step[z] for z in static.has_saved
+                         if z in static.first_step and z in self.at})
+        for k in bursts:
+            self.pending[("burst", k)] = self._burst_fits(k, consts[k])
+        self.add([("bwd", k) for k, _ in _spread(higher, key=lambda t: t[1])])
+        if not self.lean:
+            self.add([("burst", k) for k, _ in _spread([(k, consts[k]) for k in bursts],
+                                                       key=lambda t: t[1])])
+
+    def _step_fits(self, k: int, const: int) -> Callable[[], None]:
+        return lambda: self._fits(const, self._held(k))
+
+    def _burst_fits(self, k: int, const: int) -> Callable[[], None]:
+        return lambda: self._burst(k, const)
+
+    def _held(self, k: int) -> list[tuple[int, Any]]:
+        """(bytes, literal) of the storages alive at step k that its constant part leaves out:
+        kept and not needed yet, or held as a region's input until then (one literal each)."""
+        lits: dict[int, list[Any]] = defaultdict(list)
+        for sid, v in self.kept.items():
+            if self.first_need.get(sid, -1) > k:
+                lits[sid].append(v)
+        if self.lean:
+            return [(self.g.storages[sid].bytes, self._or(ls)) for sid, ls in lits.items()]
+        for sid, inp, until in self.inputs:
+            if until >= k and not any(f <= k <= d for f, d in self.windows.get(sid, ())):
+                lits[sid].append(inp)
+        for sid, x in self.cached_out:
+            alive = self._cached_alive(x, k)
+            if alive is not None:
+                lits[sid].append(alive)
+        return [(self.g.storages[sid].bytes, self._or(ls)) for sid, ls in lits.items()]
+
+    def _cached_alive(self, x: str, k: int) -> Any:
+        """A literal true when cached node x's outputs are still held at step k: until its
+        region's replay, at the first backward step of any of the region's savers. So they
+        are, unless x's linked run reaches a saver whose backward starts at k or before (the
+        nearest such on either side); None when x itself is one."""
+        import bisect
+
+        m, at = self.m, self.at
+        early = self._early.get(k)
+        if early is None:
+            static = self.static
+            early = self._early[k] = sorted(
+                at[z] for z in static.has_saved
+                if z in at and static.first_step.get(z, k + 1) <= k)
+        i = at[x]
+        j = bisect.bisect_left(early, i)
+        if j < len(early) and early[j] == i:
+            return None
+        reach = []  # (at most the nearest `LINK_SPAN` links each: weaker, still valid)
+        if j:
+            reach.append(self._run(max(early[j - 1], i - LINK_SPAN), i))
+        if j < len(early):
+            reach.append(self._run(i, min(early[j], i + LINK_SPAN)))
+        if not reach:
+            return self.cached[x]
+        key2 = (x, tuple(v.Index() for v in reach))
+        if key2 not in self._alive:
+            v = self._alive[key2] = m.NewBoolVar("")
+            m.AddBoolOr([v, self.cached[x].Not(), *reach])
+        return self._alive[key2]
+
+    def _run(self, p: int, j: int) -> Any:
+        """A literal that implies that nodes p..j (positions, p < j) are linked, each to its
+        predecessor: built on ``_run(p, j - 1)``, so that runs from one node share their
+        prefixes."""
+        key = (p, j)
+        if key not in self._runs:
+            v = self._runs[key] = self.m.NewBoolVar(f"run_{p}_{j}")
+            self.m.AddImplication(v, self.link[j])
+            if j - 1 > p:
+                self.m.AddImplication(v, self._run(p, j - 1))
+        return self._runs[key]
+
+    def _or(self, lits: list[Any]) -> Any:
+        if len(lits) == 1:
+            return lits[0]
+        ors = self._ors
+        key = tuple(sorted(x.Index() for x in lits))
+        if key not in ors:
+            v = ors[key] = self.m.NewBoolVar("")
+            for x in lits:
+                self.m.AddImplication(x, v)
+        return ors[key]
+
+    def _burst(self, k: int, const: int) -> None:
+        """At step k, the first backward step of saver z: a storage not kept whose producer
+        shares z's region (every node between them linked) was remade by the region's replay,
+        at k or before, and lives until its savers' backward: if none comes before k, its copy
+        is alive at k besides what `_held` counts."""
+        m, link, at = self.m, self.link, self.at
+        z = at[self.g.bwd_steps[k].node]
+        later = [(sid, at[p]) for sid, p, _ in self.regenerable
+                 if self.first_need[sid] > k and abs(at[p] - z) <= LINK_SPAN]
+        if not later:
+            return
+        same: dict[int, Any] = {z: None}  # node i shares z's region (forced; None: z itself)
+        for lo, hi, step in ((min(q for _, q in later), z - 1, -1),
+                             (z + 1, max(q for _, q in later), 1)):
+            for i in (range(hi, lo - 1, -1) if step < 0 else range(lo, hi + 1)):
+                prev, edge = (i + 1, link[i + 1]) if step < 0 else (i - 1, link[i])
+                v = same[i] = m.NewBoolVar("")
+                m.AddBoolOr([v, edge.Not(), *([] if same[prev] is None
+                                              else [same[prev].Not()])])
+        terms = self._held(k)
+        for sid, q in later:
+            c = m.NewBoolVar("")
+            m.AddBoolOr([c, self.keep(sid), *([] if same[q] is None else [same[q].Not()])])
+            terms.append((self.g.storages[sid].bytes, c))
+        self._fits(const, terms)
+
+    # -- solving and rounding ----------------------------------------------------------------
+    def solve(self, time_limit_s: float,
+              on_solution: Callable[[Callable[[Any], int]], None] | None = None
+              ) -> tuple[float, bool]:
+        """(bound in seconds, whether CP-SAT proved it the relaxation's optimum): ``math.inf``
+        when the relaxation is infeasible (nothing fits), 0.0 when CP-SAT found no bound in
+        ``time_limit_s``. ``on_solution(value)`` is called with each improving solution
+        (``value(literal)`` reads it)."""
+        from ortools.sat.python import cp_model
+
+        if self.infeasible:
+            return math.inf, True
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = WORKERS
+        solver.parameters.max_time_in_seconds = max(0.05, time_limit_s)
+        callback = None
+        if on_solution is not None:
+            class _Callback(cp_model.CpSolverSolutionCallback):
+                def on_solution_callback(self) -> None:
+                    on_solution(self.Value)
+
+            callback = _Callback()
+        if self._hint:
+            self.m.ClearHints()
+            for i, v in enumerate(self._hint):
+                self.m.AddHint(self.m.GetIntVarFromProtoIndex(i), v)
+        status = solver.Solve(self.m, callback)
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            self._hint = list(solver.ResponseProto().solution)
+        if status == cp_model.INFEASIBLE:
+            return math.inf, True
+        if status == cp_model.MODEL_INVALID:
+            raise AssertionError(f"the full-space bound's model is invalid: {self.m.Validate()}")
+        # out of time (UNKNOWN included), the best bound so far still holds
+        bound = solver.BestObjectiveBound()
+        return (max(0.0, bound) * UNIT_S if math.isfinite(bound) else 0.0,
+                status == cp_model.OPTIMAL)
+
+    def schedule(self, value: Callable[[Any], int]) -> Schedule:
+        """The schedule a solution reads as (see the module docstring's *Rounding*)."""
+        names, link, cached = self.names, self.link, self.cached
+        spans: list[tuple[int, int, str, list[str]]] = []
+        i, kept_from = 0, 0
+        while i < len(names):
+            x = names[i]
+            if not (value(self.replayed[x]) or (x in cached and value(cached[x]))):
+                i += 1
+                continue
+            j = i + 1
+            while j < len(names) and value(link[j]):
+                j += 1
+            if kept_from < i:
+                spans.append((kept_from, i, KEEP, []))
+            spans.append((i, j, RECOMPUTE, [y for y in names[i:j]
+                                            if y in cached and value(cached[y])]))
+            i = kept_from = j
+        if kept_from < len(names):
+            spans.append((kept_from, len(names), KEEP, []))
+        return Schedule.from_regions(self.g, spans, meta={"space": "full"})
+
+
+def _spread(items: list[Any], *, key: Callable[[Any], int]) -> list[Any]:
+    """At most `MAX_STEPS` of ``items``, evenly spread, the highest by ``key`` among them."""
+    if len(items) <= MAX_STEPS:
+        return items
+    top = max(range(len(items)), key=lambda i: key(items[i]))
+    picked = {int(i * len(items) / MAX_STEPS) for i in range(MAX_STEPS - 1)}
+    return [items[i] for i in sorted(picked | {top})]
 
 
 def _idle_stop(graph: CostGraph, node: str) -> bool:
@@ -265,4 +690,3 @@ def _idle_stop(graph: CostGraph, node: str) -> bool:
     come before its `CostGraph.replay_mark`) nor be cached: linked, yet neither."""
     return bool(graph.node(node).saved) and \
         not graph.fwd_events.get(node, ())[:graph.replay_mark(node)]
-
