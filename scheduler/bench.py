@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["BenchRow", "BUDGETS", "EXACT", "BASELINES", "bench", "bench_table", "verdict"]
 
 #: the solvers whose answers are checked against the baselines
-EXACT: tuple[str, ...] = ("dp", "cpsat", "auto")
+EXACT: tuple[str, ...] = ("dp", "cpsat", "relax", "auto")
 #: the baselines, ``none`` first
 BASELINES: tuple[str, ...] = ("none", *_AUTO_BASELINES)
 #: default budgets: fractions of each graph's unscheduled predicted peak

@@ -143,7 +143,7 @@ def test_optimal_claims_hold_over_the_full_space() -> None:
         space = _full_space(g)
         for budget in _budgets(space):
             opt = min((t for p, t in space if p <= budget), default=None)
-            for solver in ("dp", "cpsat", "cpsat_fine", "brute", "auto"):
+            for solver in ("dp", "cpsat", "cpsat_fine", "brute", "relax", "auto"):
                 r = get_solver(solver)(g, budget, time_limit_s=10.0)
                 if r.status == INFEASIBLE:
                     continue

@@ -121,7 +121,7 @@ def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, so
     says that its space is the full one, both are kept as ``space_optimal`` and
     ``space_bound_s``, and the result's status and gap are decided against
     `bound.full_space_bound`: OPTIMAL only when the schedule's recompute time reaches that
-    bound (within a millionth, the nanosecond rounding of the bound's objective).
+    bound (within a millionth, the picosecond rounding of the bound's objective).
     """
     est = simulate(graph, schedule) if schedule is not None else None
     claimed = status
@@ -174,5 +174,5 @@ def _load_all() -> None:
     """Import every solver family: importing one registers its solvers."""
     import importlib
 
-    for family in ("heuristics", "dp", "cpsat", "auto", "brute"):
+    for family in ("heuristics", "dp", "cpsat", "relax", "auto", "brute"):
         importlib.import_module(f"{__package__}.{family}")

@@ -1,0 +1,163 @@
+"""``relax``: schedules read off the full-space relaxation, and what its bound lets it claim.
+
+Its OPTIMAL claims are checked against brute force over the full space on small graphs and
+against the exact solvers' optima (over their smaller spaces) and the baselines on recorded
+graphs; its bound against local changes of its own schedules (which are near the optimum,
+where a wrong bound would show first).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from scheduler.graph import CostGraph
+from scheduler.schedule import KEEP, RECOMPUTE, Schedule
+from scheduler.simulate import simulate
+from scheduler.solvers import FEASIBLE, INFEASIBLE, OPTIMAL, get_solver
+from scheduler.solvers.bound import Relaxation, full_space_bound, relax_and_round
+
+from test_full_space import _budgets, _full_space, _small
+
+GRAPHS = Path(__file__).resolve().parents[1] / "graphs"
+
+
+def _budget(g: CostGraph, share: float) -> int:
+    return int(share * simulate(g, Schedule.none(g)).peak_bytes)
+
+
+def test_relax_claims_hold_against_brute_force_over_the_full_space() -> None:
+    """OPTIMAL is the full space's optimum; FEASIBLE fits and its bound is below that optimum;
+    INFEASIBLE with a proven bound only where nothing fits."""
+    optimal = checked = 0
+    for seed in range(24):
+        g = _small(seed)
+        space = _full_space(g)
+        for budget in _budgets(space):
+            opt = min((t for p, t in space if p <= budget), default=None)
+            r = get_solver("relax")(g, budget)
+            if r.status == INFEASIBLE:
+                assert opt is None or full_space_bound(g, budget) < math.inf, (seed, budget)
+                continue
+            assert opt is not None and r.estimate == simulate(g, r.schedule)
+            assert r.estimate.peak_bytes <= budget
+            assert r.lower_bound_s <= opt * (1 + 1e-9) + 1e-15
+            checked += 1
+            if r.status == OPTIMAL:
+                optimal += 1
+                assert r.gap == 0.0 and r.space_optimal
+                assert r.estimate.recompute_s == pytest.approx(opt, rel=1e-6, abs=1e-15)
+            else:
+                assert r.status == FEASIBLE and r.estimate.recompute_s >= opt * (1 - 1e-9)
+    # not vacuous: on these graphs the relaxation's rounding is nearly always optimal
+    assert checked >= 100 and optimal >= 0.9 * checked, (checked, optimal)
+
+
+@pytest.mark.parametrize("name,share", [("unet", 0.9), ("gpt", 0.8), ("hf_gpt2", 0.9)])
+def test_relax_proves_its_schedule_optimal_on_recorded_graphs(name: str, share: float) -> None:
+    """Solved to the end (no time limit), relax proves its schedule optimal over the full
+    space; no exact solver's optimum over its own space and no baseline that fits does
+    better, and the schedule fits the budget by the simulator."""
+    g = CostGraph.load(GRAPHS / f"{name}.json")
+    budget = _budget(g, share)
+    r = get_solver("relax")(g, budget)
+    assert r.status == OPTIMAL and r.gap == 0.0
+    assert r.estimate == simulate(g, r.schedule) and r.estimate.peak_bytes <= budget
+    assert full_space_bound(g, budget) == r.lower_bound_s  # remembered for the others
+    for other in ("dp", "cpsat", "every_block", "sqrt", "uniform:2", "greedy", "knapsack"):
+        o = get_solver(other)(g, budget, time_limit_s=10.0)
+        if o.status != INFEASIBLE:
+            assert o.estimate.recompute_s >= r.estimate.recompute_s * (1 - 1e-9), other
+            assert o.status == FEASIBLE or o.estimate.recompute_s == pytest.approx(
+                r.estimate.recompute_s, rel=1e-6)
+
+
+def _mutate(g: CostGraph, s: Schedule, rnd: random.Random) -> Schedule:
+    """``s`` with one region boundary moved, a region split or merged, a policy flipped or a
+    save-set node toggled."""
+    names = g.compute_nodes
+    spans, i = [], 0
+    for r in s.regions:
+        spans.append([i, i + len(r.nodes), r.policy, set(r.save)])
+        i += len(r.nodes)
+    k = rnd.randrange(5)
+    j = rnd.randrange(len(spans))
+    a, b, policy, save = spans[j]
+    if k == 0 and j + 1 < len(spans):
+        cut = b + rnd.choice([-2, -1, 1, 2])
+        if a < cut < spans[j + 1][1]:
+            spans[j][1] = spans[j + 1][0] = cut
+    elif k == 1 and b - a > 1:
+        cut = rnd.randrange(a + 1, b)
+        spans[j:j + 1] = [[a, cut, policy, save], [cut, b, rnd.choice([KEEP, RECOMPUTE]),
+                                                   set(save)]]
+    elif k == 2 and j + 1 < len(spans):
+        spans[j:j + 2] = [[a, spans[j + 1][1], policy, save | spans[j + 1][3]]]
+    elif k == 3:
+        spans[j][2] = KEEP if policy == RECOMPUTE else RECOMPUTE
+    else:
+        nodes = [x for x in names[a:b] if g.allocates(x)]
+        if nodes:
+            spans[j][3] = save ^ {rnd.choice(nodes)}
+    out = []
+    for a, b, policy, save in spans:
+        keep_save = policy == RECOMPUTE
+        out.append((a, b, policy, sorted(x for x in save if keep_save and x in names[a:b])))
+    return Schedule.from_regions(g, out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,share", [("gpt", 0.7), ("unet", 0.7), ("mlp", 0.8),
+                                        ("hf_gpt2", 0.8)])
+def test_schedules_near_relax_s_never_beat_its_bound(name: str, share: float) -> None:
+    """Random walks of local changes from relax's schedule: every one that fits the budget
+    costs at least the bound (a wrong bound would show first near the optimum)."""
+    g = CostGraph.load(GRAPHS / f"{name}.json")
+    budget = _budget(g, share)
+    r = get_solver("relax")(g, budget, time_limit_s=20.0)
+    assert r.status != INFEASIBLE
+    rnd = random.Random(name)
+    fitting = 0
+    for _ in range(20):
+        s = r.schedule
+        for _ in range(15):
+            s = _mutate(g, s, rnd)
+            est = simulate(g, s)
+            if est.peak_bytes <= budget:
+                fitting += 1
+                assert est.recompute_s >= r.lower_bound_s * (1 - 1e-9), s.describe()
+    assert fitting >= 30
+
+
+def test_violated_names_where_a_rounded_schedule_breaks_the_budget() -> None:
+    """The unscheduled step breaks a budget of 70% of its peak in backward's first steps and
+    at the end of forward; a schedule that fits breaks nothing."""
+    g = CostGraph.load(GRAPHS / "gpt.json")
+    budget = _budget(g, 0.7)
+    rel = Relaxation(g, budget)
+    broken = rel.violated(simulate(g, Schedule.none(g)))
+    assert ("bwd", 0) in broken and any(kind == "fwd" for kind, _ in broken)
+    fits = get_solver("dp")(g, budget)
+    assert rel.violated(fits.estimate) == []
+    before = len(rel.pending)
+    assert rel.add(broken) > 0 and len(rel.pending) < before
+    assert rel.add(broken) == 0  # (each goes in once)
+
+
+def test_lean_relaxation_is_weaker_and_still_below_the_optimum() -> None:
+    g = CostGraph.load(GRAPHS / "unet.json")
+    budget = _budget(g, 0.9)
+    full = relax_and_round(g, budget, None)
+    assert full.proven and full.recompute_s == pytest.approx(full.bound, rel=1e-6)
+    lean, _ = Relaxation(g, budget, lean=True).solve(30.0)
+    assert lean <= full.bound * (1 + 1e-9)
+
+
+def test_auto_returns_relax_s_optimum_at_once() -> None:
+    g = CostGraph.load(GRAPHS / "unet.json")
+    budget = _budget(g, 0.9)
+    r = get_solver("auto")(g, budget, time_limit_s=30.0)
+    assert r.status == OPTIMAL and r.solver == "relax" and r.schedule.solver == "relax"
