@@ -79,9 +79,11 @@ class BoundWarning(RuntimeWarning):
     relaxation for this graph. The result then carries no bound (and is not OPTIMAL)."""
 
 
-#: CP-SAT time for one bound (on the recorded graphs it is proven in 0.2 to 5 s; stopped
-#: earlier, the best bound found by then is still a valid bound)
-BOUND_S = 2.0
+#: CP-SAT time for the bound `finish` gives every exact solver's result (one solve; stopped
+#: early, the best bound found by then is still valid). Short, so that `dp` stays within about
+#: a second a budget; `relax` (and `auto`, which runs it first) bounds with more time, and a
+#: better bound it finds replaces this one
+BOUND_S = 0.8
 
 #: at most this many forward nodes, and as many backward steps, get a memory constraint
 #: (evenly spread over those that are not implied by others): each has a term per storage
@@ -131,7 +133,7 @@ def remember_bound(graph: CostGraph, budget_bytes: int, bound: float) -> float:
 
 
 def _solve(graph: CostGraph, budget: int, time_limit_s: float) -> float:
-    return relax_and_round(graph, budget, time_limit_s).bound
+    return relax_and_round(graph, budget, time_limit_s, rounds=1).bound
 
 
 @dataclass(frozen=True)
@@ -160,10 +162,12 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
     best: list[tuple[float, Schedule]] = []
     bound, proven = 0.0, False
     rel = Relaxation(graph, budget_bytes)
+    build_s = time.perf_counter() - started
     target = budget_bytes
     for round_ in range(rounds):
         limit = SOLVE_S if time_limit_s is None else \
-            (time_limit_s - (time.perf_counter() - started)) / (1 if round_ else 2)
+            (time_limit_s - (time.perf_counter() - started)) / (1 if round_ or rounds == 1
+                                                                 else 2)
         if limit <= 0.05:
             break
         found: list[Schedule] = []
@@ -187,8 +191,9 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
         if target == budget_bytes and rel.add(rel.violated(last)):
             continue
         target -= last.peak_bytes - budget_bytes  # round a tighter relaxation
-        if target < graph.base_bytes:
-            break
+        if target < graph.base_bytes or time_limit_s is not None and (
+                time_limit_s - (time.perf_counter() - started) < 2 * build_s):
+            break  # (no time to build it and solve it too)
         rel = Relaxation(graph, target)
     if not best:
         return Relaxed(bound, proven, None)
@@ -673,7 +678,8 @@ class Relaxation:
             i = kept_from = j
         if kept_from < len(names):
             spans.append((kept_from, len(names), KEEP, []))
-        return Schedule.from_regions(self.g, spans, meta={"space": "full"})
+        return Schedule.from_regions(self.g, spans,
+                                     meta={"space": "the full schedule space (relax)"})
 
 
 def _spread(items: list[Any], *, key: Callable[[Any], int]) -> list[Any]:

@@ -4,25 +4,32 @@
 keep or recompute, any save sets): every schedule maps to one of its solutions at no more
 cost, so its optimum bounds every schedule from below. Its solutions also read as schedules
 (`Relaxation.schedule`: runs of linked nodes become recompute regions, cached nodes their
-save sets). This solver solves it at the budget, simulates the schedule of every improving
-solution and keeps the best that fits. What the relaxation leaves out (transient replay
-peaks, what a region holds after its last saver) can make the rounded schedule overshoot the
-budget; then it solves the relaxation again at a budget lowered by the overshoot, up to
-`ROUNDS` times, each time keeping what fits the real budget.
+save sets). `bound.relax_and_round` solves it at the budget and simulates the schedule of
+every improving solution, keeping the best that fits. The model starts with some of its
+memory constraints (`bound.MAX_STEPS` of each kind); when the last rounded schedule breaks
+the budget at forward nodes or backward steps whose constraints were left out, those go in
+and CP-SAT solves again. When it breaks it where the model has them already (what the
+relaxation leaves out: transient replay peaks, what a region holds after its last saver),
+the next solves are at a budget lowered by the overshoot (schedules, not bounds), up to
+`bound.ROUNDS` solves in all. Out of time with nothing that fits, or with something worse
+than the best fitting cheap baseline (`cpsat.WARM_STARTS`), it answers that baseline.
 
-The first solve's bound holds over the full space (`finish` gets ``full_space=True``): the
-answer is OPTIMAL when its simulated recompute time reaches that bound (within a millionth,
-the picosecond rounding of the objective), else FEASIBLE with the gap to it. A better bound
-than the one `full_space_bound` remembered replaces it, so other solvers' results on the same
-graph and budget are judged against it too.
+The bound holds over the full space (`finish` gets ``full_space=True``): the answer is
+OPTIMAL when its simulated recompute time reaches it (within a millionth, the picosecond
+rounding of the objective), else FEASIBLE with the gap to it. A better bound than the one
+`full_space_bound` remembered replaces it, so other solvers' results on the same graph and
+budget are judged against it too.
 
 Running time: that of CP-SAT on the relaxation (O(nodes * `bound.LINK_SPAN`) Booleans and
-clauses, O(`bound.MAX_STEPS`) memory constraints of O(storages) terms each), up to
-`ROUNDS` times, plus one simulation per improving solution.
+clauses, memory constraints of O(storages) terms each), up to `bound.ROUNDS` times, plus a
+simulation per improving solution. On the recorded graphs of up to 140 nodes it proves most
+budgets optimal within 10 s; on the 600-node 12-layer HF GPT-2 and the 2,000-node synthetic
+DAG it seldom finds a fitting schedule in that time.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 from ..graph import CostGraph
@@ -37,13 +44,21 @@ def relax(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = N
           ) -> SolveResult:
     """The best fitting schedule read off the full-space relaxation (see the module
     docstring), with the relaxation's bound: OPTIMAL when it reaches it."""
+    from .cpsat import _warm_start
+
     started = time.perf_counter()
     got = relax_and_round(graph, budget_bytes, time_limit_s)
     bound = remember_bound(graph, budget_bytes, got.bound)
-    if got.schedule is None:  # proven infeasible (bound inf), or nothing rounded fits
+    if bound == math.inf:  # proven: no schedule of the full space fits
         return finish(graph, budget_bytes, None, solver="relax", started=started,
                       status=INFEASIBLE, full_space=True)
-    t = got.recompute_s
+    schedule, t = got.schedule, got.recompute_s
+    warm = _warm_start(graph, budget_bytes)
+    if warm is not None and warm.estimate.recompute_s < t:  # (None: nothing rounded fits)
+        schedule, t = warm.schedule, warm.estimate.recompute_s
+    if schedule is None:
+        return finish(graph, budget_bytes, None, solver="relax", started=started,
+                      status=INFEASIBLE, full_space=True)
     status = OPTIMAL if t - bound <= 1e-6 * t else FEASIBLE
-    return finish(graph, budget_bytes, got.schedule, solver="relax", started=started,
+    return finish(graph, budget_bytes, schedule, solver="relax", started=started,
                   status=status, lower_bound_s=bound, full_space=True)
