@@ -103,6 +103,10 @@ LEAN_NODES = 300
 #: the last rounded schedule broke, or lowers the budget it rounds at)
 ROUNDS = 8
 
+#: the share of the time limit the first solve gets (the rest is for solves with the
+#: constraints its rounded schedule broke)
+FIRST_SHARE = 0.75
+
 #: without a time limit, each solve stops after this long (its bound is valid either way)
 SOLVE_S = 60.0
 
@@ -166,8 +170,8 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
     target = budget_bytes
     for round_ in range(rounds):
         limit = SOLVE_S if time_limit_s is None else \
-            (time_limit_s - (time.perf_counter() - started)) / (1 if round_ or rounds == 1
-                                                                 else 2)
+            (time_limit_s - (time.perf_counter() - started)) * (
+                1.0 if round_ or rounds == 1 else FIRST_SHARE)
         if limit <= 0.05:
             break
         found: list[Schedule] = []
@@ -185,9 +189,7 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
         if last is None or (best and best[0][0] <= bound * (1 + 1e-6)):
             break
         if last.peak_bytes <= budget_bytes:
-            if optimum:
-                break  # its optimum fits: nothing better to round
-            continue  # (more time for the same model)
+            break  # it fits: another solve would start over (with less time), or is done
         if target == budget_bytes and rel.add(rel.violated(last)):
             continue
         target -= last.peak_bytes - budget_bytes  # round a tighter relaxation
