@@ -32,17 +32,22 @@ schedule of the full space maps to values that satisfy:
   backward spans that step saved (alive in every schedule), the kept storages not needed yet
   and the region inputs still held fit the budget; at the first backward step of a saver z,
   so do the copies that z's region's replay made (a storage not kept whose producer is linked
-  to z, needed after that step). Up to `MAX_STEPS` steps each, those no other step implies.
+  to z, needed after that step).
 
-The objective is what those replays cost at least (in whole picoseconds, `UNIT_S`, rounded down): each
-replayed node's forward time and the checkpoint's cost per tensor it saves; each cached node's
-save-set dispatch (in forward and in the replay) and per-tensor cost; the dispatch of each
-replayed node linked to a cached one (a region with a save set); and a checkpoint call for
-every replayed or cached node not linked to its predecessor (it starts a region), at least one
-when anything replays. Transient replay peaks, what a region holds after its last saver and
-the save-set dispatch of nodes that do not replay are left out, so the bound is below every
-fitting schedule's simulated recompute time: read a gap against it as "at most this far from
-optimal", not as the distance.
+Those memory constraints go in lazily: `MAX_STEPS` of each kind up front (evenly spread over
+those no earlier or later one implies), the others when a rounded schedule breaks the budget
+there (`Relaxation.violated`, `Relaxation.add`, `relax_and_round`). Leaving one out only
+weakens the relaxation.
+
+The objective is what those replays cost at least (in whole picoseconds, `UNIT_S`, rounded
+down): each replayed node's forward time; the checkpoint's hooks on the tensors saved by each
+node in a region (replayed, cached or linked); the save-set dispatch of each such node in a
+region that has a save set (a cached node linked to it), in forward, and again in the replay
+for replayed and cached ones; and a checkpoint call for every replayed or cached node not
+linked to its predecessor (it starts a region), at least one when anything replays.
+Transient replay peaks, what a region holds after its last saver and the costs of its nodes
+after that saver are left out, so the bound is below every fitting schedule's simulated
+recompute time.
 
 **Rounding** (`Relaxation.schedule`). A solution of the relaxation reads as a schedule: each
 run of linked nodes, from a replayed or cached node that is not linked to its predecessor, is
@@ -52,10 +57,11 @@ the solution's; when it fits and reaches the proven bound, it is optimal over th
 (`relax`).
 
 It is checked against brute force over the full space on small graphs, and against random
-schedules with save sets on the recorded graphs, and `finish` checks it against every
-exact solver's result (`BoundWarning`). On the recorded graphs CP-SAT proves its optimum in
-0.2 to 5 s; on larger ones it does not within `BOUND_S`, and the best bound found by then
-stands.
+schedules with save sets and local changes of `relax`'s schedules on the recorded graphs,
+and `finish` checks it against every exact solver's result (`BoundWarning`). On the recorded
+graphs of up to 140 nodes CP-SAT proves it, with the constraints its rounded schedules broke,
+in 1 to 10 s at most budgets; on larger ones, or within `BOUND_S`, the best bound found by
+then stands.
 """
 
 from __future__ import annotations
@@ -85,18 +91,20 @@ class BoundWarning(RuntimeWarning):
 #: better bound it finds replaces this one
 BOUND_S = 0.8
 
-#: at most this many forward nodes, and as many backward steps, get a memory constraint
-#: (evenly spread over those that are not implied by others): each has a term per storage
-#: it may hold, and on thousands of nodes all of them make a model CP-SAT cannot bound in
-#: `BOUND_S`
+#: this many forward nodes, backward steps and replay steps each get a memory constraint up
+#: front (evenly spread over those that are not implied by others); the rest when a rounded
+#: schedule breaks them. Each has a term per storage it may hold: with 40 up front (and none
+#: added later), CP-SAT took 94 s over four recorded graphs at 90, 70 and 50%, with 10, 40 s
+#: (but weaker bounds, which the constraints added later make up)
 MAX_STEPS = 10
 
 #: CP-SAT workers: with 8, its portfolio proves the recorded graphs' bounds in seconds
 #: (even on 2 cores); with 2 it leaves them at the trivial bound for seconds
 WORKERS = 8
 
-#: graphs with more compute nodes than this get a lean `Relaxation` (on the 600-node HF GPT-2,
-#: CP-SAT bounds the full one at 90% of its peak to 0.2 ms in 2 s, the lean one to 1.9 ms)
+#: graphs with more compute nodes than this get a lean `Relaxation` (on the 600-node HF GPT-2
+#: at 90% of its peak, within 2 s, CP-SAT bounded the full one to 0.2 ms, the lean one to
+#: 1.9 ms)
 LEAN_NODES = 300
 
 #: solves of the relaxation `relax_and_round` makes at most (each adds the memory constraints
@@ -172,7 +180,8 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
         limit = SOLVE_S if time_limit_s is None else \
             (time_limit_s - (time.perf_counter() - started)) * (
                 1.0 if round_ or rounds == 1 else FIRST_SHARE)
-        if limit <= 0.05:
+        if limit <= 0.05 or time_limit_s is not None and time.perf_counter() - started + \
+                build_s / 2 > time_limit_s:
             break
         found: list[Schedule] = []
         lb, optimum = rel.solve(limit, on_solution=lambda value: found.append(
@@ -190,8 +199,9 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
             break
         if last.peak_bytes <= budget_bytes:
             break  # it fits: another solve would start over (with less time), or is done
-        if target == budget_bytes and rel.add(rel.violated(last)):
-            continue
+        broken = [x for x in rel.violated(last) if x in rel.pending][:MAX_STEPS]
+        if target == budget_bytes and rel.add(broken):
+            continue  # (the worst few: each costs a pass over the storages to build)
         target -= last.peak_bytes - budget_bytes  # round a tighter relaxation
         if target < graph.base_bytes or time_limit_s is not None and (
                 time_limit_s - (time.perf_counter() - started) < 2 * build_s):
@@ -288,25 +298,29 @@ class Relaxation:
     def violated(self, estimate: Estimate) -> list[tuple[str, int]]:
         """Labels of the memory constraints (pending or not) at the forward nodes and
         backward steps where ``estimate`` (a simulation with its timeline) goes over the
-        budget: before each, what was alive plus its own highest running total."""
+        budget (before each, what was alive plus its own highest running total), most over
+        first."""
         g, budget = self.g, self.budget
-        out: list[tuple[str, int]] = []
+        over: list[tuple[int, tuple[str, int]]] = []  # (by how much, label)
         prev, fwd, k = g.base_bytes, 0, 0
         steps = gradient_steps(g)
         for label, cur in estimate.timeline:
             if label.startswith("bwd "):
-                if prev + max(0, steps[k][1] or 0) > budget or cur > budget:
-                    out += [("bwd", k), ("burst", k)]
+                high = max(prev + max(0, steps[k][1] or 0), cur)
+                if high > budget:
+                    over += [(high - budget, ("bwd", k)), (high - budget, ("burst", k))]
                 k += 1
             elif label.startswith("recompute "):
                 if cur > budget:
-                    out.append(("burst", k))
+                    over.append((cur - budget, ("burst", k)))
             else:
-                if prev + self.node_peak[fwd] > budget or cur > budget:
-                    out.append(("fwd", fwd))
+                high = max(prev + self.node_peak[fwd], cur)
+                if high > budget:
+                    over.append((high - budget, ("fwd", fwd)))
                 fwd += 1
             prev = cur
-        return out
+        over.sort(key=lambda t: -t[0])  # (stable: in step order among equals)
+        return [label for _, label in over]
 
     # -- variables ---------------------------------------------------------------------------
     def keep(self, sid: int) -> Any:
