@@ -203,7 +203,8 @@ def _add_solve(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--solver", default="auto", metavar="NAME",
-        help="solver name (default: auto): an exact one (auto, dp, cpsat) or a baseline "
+        help="solver name (default: auto): an exact one (auto, relax, dp, cpsat, cpsat_fine) "
+        "or a baseline "
         "(none, every_block, sqrt, uniform:K, greedy, knapsack)",
     )
     parser.add_argument(
