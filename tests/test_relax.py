@@ -161,3 +161,50 @@ def test_auto_returns_relax_s_optimum_at_once() -> None:
     budget = _budget(g, 0.9)
     r = get_solver("auto")(g, budget, time_limit_s=30.0)
     assert r.status == OPTIMAL and r.solver == "relax" and r.schedule.solver == "relax"
+
+
+def test_rebound_judges_a_result_against_a_better_bound_found_later() -> None:
+    from scheduler.solvers.base import rebound
+    from scheduler.solvers.bound import remember_bound
+
+    g = CostGraph.load(GRAPHS / "unet.json")
+    budget = _budget(g, 0.9)
+    r = get_solver("cpsat")(g, budget, time_limit_s=10.0)
+    t = r.estimate.recompute_s
+    assert r.status == FEASIBLE and rebound(g, r) == r  # nothing better remembered
+    remember_bound(g, budget, r.lower_bound_s + (t - r.lower_bound_s) / 2)
+    half = rebound(g, r)
+    assert half.status == FEASIBLE and half.lower_bound_s > r.lower_bound_s
+    assert half.gap == pytest.approx((t - half.lower_bound_s) / t) == half.schedule.gap
+    remember_bound(g, budget, t)
+    full = rebound(g, r)
+    assert full.status == OPTIMAL == full.schedule.status and full.gap == 0.0
+
+
+def test_auto_on_a_large_graph_runs_relax_last() -> None:
+    """Beyond `LEAN_NODES` nodes relax runs after the others, with what they leave."""
+    from scheduler.solvers import auto as mod
+    from scheduler.solvers.bound import LEAN_NODES, remembered_bound
+    from scheduler.synthetic import random_graph
+
+    g = random_graph(LEAN_NODES + 20, kind="dag", seed=3)
+    budget = _budget(g, 0.8)
+    calls: list[str] = []
+    real = mod.get_solver
+
+    def spy(name: str):  # (cpsat and cpsat_fine get a second each: time is left for relax)
+        calls.append(name)
+        fn = real(name)
+        if name in ("cpsat", "cpsat_fine"):
+            return lambda graph, budget, *, time_limit_s=None, **kw: fn(
+                graph, budget, time_limit_s=1.0, **kw)
+        return fn
+
+    mod.get_solver, before = spy, mod.get_solver
+    try:
+        r = mod.auto(g, budget, time_limit_s=10.0)
+    finally:
+        mod.get_solver = before
+    assert calls.index("relax") > calls.index("cpsat_fine") > calls.index("cpsat")
+    assert r.status != INFEASIBLE and r.estimate.peak_bytes <= budget
+    assert r.lower_bound_s == remembered_bound(g, budget)

@@ -6,12 +6,14 @@ proven bound, for `RELAX_SHARE` of the time limit), and returns at once when tha
 schedules), ``cpsat`` (exact over region schedules of general graphs, within the time limit)
 and, when something fits and there is a time limit, ``cpsat_fine`` (a finer space, for
 `FINE_SHARE` of the limit, warm-started from the best so far), and returns the schedule with
-the least recompute time whose simulated peak fits. Its status, gap and ``space_optimal`` are
-the chosen solver's: OPTIMAL only where the full-space bound (`bound.full_space_bound`, which
-``relax`` improves first) reaches the schedule's recompute time, else FEASIBLE with the gap to
-that bound (``space_optimal`` when it is proven optimal over the space in
-``schedule.meta["space"]``). When nothing fits it reports INFEASIBLE with the least peak any
-of them reaches.
+the least recompute time whose simulated peak fits. On graphs of more than
+`bound.LEAN_NODES` nodes ``relax`` runs last instead, with what the others leave of the limit.
+
+Its ``space_optimal`` is the chosen solver's; its status and gap are against the best
+full-space bound found for the graph and budget (`base.rebound`): OPTIMAL only where that
+bound reaches the schedule's recompute time, else FEASIBLE with the gap to it
+(``space_optimal`` when it is proven optimal over the space in ``schedule.meta["space"]``).
+When nothing fits it reports INFEASIBLE with the least peak any of them reaches.
 """
 
 from __future__ import annotations
@@ -20,17 +22,19 @@ import time
 from dataclasses import replace
 
 from ..graph import CostGraph
-from .base import INFEASIBLE, OPTIMAL, SolveResult, get_solver, register
+from .base import INFEASIBLE, OPTIMAL, SolveResult, get_solver, rebound, register
 from .bound import LEAN_NODES
 
-__all__ = ["auto", "BASELINES", "FINE_SHARE", "RELAX_SHARE", "RELAX_SHARE_LARGE"]
+__all__ = ["auto", "BASELINES", "FINE_SHARE", "LATE_RELAX_S", "RELAX_SHARE"]
 
 #: the share of ``time_limit_s`` auto gives `relax` first (it returns early when it proves its
-#: schedule optimal: on the recorded graphs of up to 140 nodes, mostly in 1 to 10 s), and on
-#: graphs it relaxes lean (`bound.LEAN_NODES`), where CP-SAT rarely proves it within the
-#: limit and the others' schedules are often better
+#: schedule optimal: on the recorded graphs of up to 140 nodes, mostly in 1 to 10 s); on
+#: graphs it relaxes lean (`bound.LEAN_NODES`), where CP-SAT rarely proves it within the limit
+#: and rarely rounds a schedule that fits, `relax` runs last, with what the others leave
+#: (when that is more than `LATE_RELAX_S`), for its bound: first, its share left `cpsat` so
+#: little time on the 2,000-node DAG that auto's schedules came out 20 to 60% slower
 RELAX_SHARE = 0.5
-RELAX_SHARE_LARGE = 0.25
+LATE_RELAX_S = 2.0
 
 #: the share of ``time_limit_s`` auto gives `cpsat_fine` after the others (none without a
 #: limit: it rarely proves optimality, so it would not stop)
@@ -55,14 +59,18 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
     # limit covers them; the list keeps dp first, so that dp wins a tie with a baseline
     baselines = [get_solver(name)(graph, budget_bytes, time_limit_s=time_limit_s)
                  for name in BASELINES]
-    share = RELAX_SHARE_LARGE if len(graph.compute_nodes) > LEAN_NODES else RELAX_SHARE
-    relaxed = get_solver("relax")(
-        graph, budget_bytes, time_limit_s=None if time_limit_s is None
-        else share * time_limit_s)
-    if relaxed.status == OPTIMAL:
-        return replace(relaxed, solve_s=time.perf_counter() - started)
-    # (the others' gaps are against the bound relax found, which full_space_bound remembers)
-    results = [get_solver("dp")(graph, budget_bytes, time_limit_s=time_limit_s), relaxed]
+    results = []
+    share = 0.0 if len(graph.compute_nodes) > LEAN_NODES else RELAX_SHARE
+    if share:
+        relaxed = get_solver("relax")(
+            graph, budget_bytes, time_limit_s=None if time_limit_s is None
+            else share * time_limit_s)
+        if relaxed.status == OPTIMAL:
+            return replace(relaxed, solve_s=time.perf_counter() - started)
+        # (the others' gaps are against the bound relax found, which full_space_bound
+        # remembers)
+        results.append(relaxed)
+    results.insert(0, get_solver("dp")(graph, budget_bytes, time_limit_s=time_limit_s))
     reserve = 0.0 if time_limit_s is None else FINE_SHARE * time_limit_s
     results.append(get_solver("cpsat")(
         graph, budget_bytes, time_limit_s=None if time_limit_s is None
@@ -75,12 +83,18 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
         results.append(get_solver("cpsat_fine")(
             graph, budget_bytes, time_limit_s=min(left(), FINE_SHARE * time_limit_s),
             warm=best.schedule))
+    if not share and time_limit_s is not None and \
+            time_limit_s - (time.perf_counter() - started) > LATE_RELAX_S:
+        # a large graph: what the others leave of the limit goes to relax, for its bound
+        # (and, now and then, a better schedule)
+        results.append(get_solver("relax")(
+            graph, budget_bytes, time_limit_s=time_limit_s - (time.perf_counter() - started)))
     results += baselines
     fitting = [r for r in results if r.status != INFEASIBLE]
     if fitting:
         # ties go to the earlier entry, so dp wins a tie with a baseline
         best = min(fitting, key=lambda r: r.estimate.recompute_s)  # type: ignore[union-attr]
-        return replace(best, solve_s=time.perf_counter() - started)
+        return replace(rebound(graph, best), solve_s=time.perf_counter() - started)
     peaks = [r.min_feasible_bytes for r in results if r.min_feasible_bytes is not None]
     peaks += [r.estimate.peak_bytes for r in results if r.estimate is not None]
     return replace(results[0], solve_s=time.perf_counter() - started,

@@ -29,7 +29,7 @@ from ..schedule import Schedule
 from ..simulate import Estimate, simulate
 
 __all__ = ["OPTIMAL", "FEASIBLE", "INFEASIBLE", "SolveResult", "Solver", "register",
-           "get_solver", "available", "UnknownSolverError", "finish"]
+           "get_solver", "available", "UnknownSolverError", "finish", "rebound"]
 
 OPTIMAL = "OPTIMAL"
 FEASIBLE = "FEASIBLE"
@@ -168,6 +168,26 @@ def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, so
                        min_feasible_bytes=min_feasible_bytes if status == INFEASIBLE else None,
                        space_optimal=space_optimal and status != INFEASIBLE,
                        space_bound_s=space_bound)
+
+
+def rebound(graph: CostGraph, result: SolveResult) -> SolveResult:
+    """``result`` judged against the best full-space bound remembered for its graph and budget,
+    when that is better than the one it was finished with (found later, by `relax`): its
+    lower bound, gap and status (OPTIMAL when the bound reaches its recompute time), in the
+    result and in its schedule's stamp. Results without a bound (baselines) are left as they
+    are."""
+    from .bound import remembered_bound
+
+    if result.estimate is None or result.schedule is None or result.lower_bound_s is None:
+        return result
+    bound = remembered_bound(graph, result.budget_bytes)
+    t = result.estimate.recompute_s
+    if bound is None or bound <= result.lower_bound_s or bound > t * (1 + 1e-9) + 1e-12:
+        return result  # (one above it is `finish`'s to report, as a BoundWarning)
+    status = OPTIMAL if t - bound <= 1e-6 * t else FEASIBLE
+    gap = 0.0 if status == OPTIMAL else (t - bound) / max(t, 1e-12)
+    return replace(result, status=status, lower_bound_s=bound, gap=gap,
+                   schedule=replace(result.schedule, status=status, gap=gap))
 
 
 def _load_all() -> None:

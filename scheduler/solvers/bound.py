@@ -77,7 +77,7 @@ from ..schedule import KEEP, RECOMPUTE, Schedule
 from ..simulate import Estimate, _Static, gradient_steps, simulate, storage_readers
 
 __all__ = ["BOUND_S", "LINK_SPAN", "MAX_STEPS", "WORKERS", "BoundWarning", "Relaxation",
-           "full_space_bound"]
+           "full_space_bound", "relax_and_round", "remember_bound", "remembered_bound"]
 
 
 class BoundWarning(RuntimeWarning):
@@ -134,6 +134,11 @@ def full_space_bound(graph: CostGraph, budget_bytes: int, *, time_limit_s: float
     if budget_bytes not in memo:
         memo[budget_bytes] = _solve(graph, budget_bytes, time_limit_s)
     return memo[budget_bytes]
+
+
+def remembered_bound(graph: CostGraph, budget_bytes: int) -> float | None:
+    """The best bound remembered for ``graph`` and ``budget_bytes``, or None."""
+    return _Static.of(graph).full_bounds.get(budget_bytes)
 
 
 def remember_bound(graph: CostGraph, budget_bytes: int, bound: float) -> float:
