@@ -207,6 +207,14 @@ class _Static:
                 last = max(rdrs, key=self.pos.__getitem__) if rdrs else None
                 self.fwd[name].append((kind == "a", sid, st.bytes, st.savers, st.inner_free,
                                        rdrs, last))
+        # per node (in graph order), the highest running total of its own forward events
+        self.fwd_peak: list[int] = []
+        for name in self.names:
+            run = peak = 0
+            for kind, sid in g.fwd_events.get(name, ()):
+                run += g.storages[sid].bytes if kind == "a" else -g.storages[sid].bytes
+                peak = max(peak, run)
+            self.fwd_peak.append(peak)
         # each backward step's gradient events, which no schedule changes, as (node, the
         # highest running total within the step, the step's net bytes); None: no events
         self.bwd: list[tuple[str | None, int | None, int]] = []

@@ -181,7 +181,7 @@ def test_rebound_judges_a_result_against_a_better_bound_found_later() -> None:
     assert full.status == OPTIMAL == full.schedule.status and full.gap == 0.0
 
 
-def test_auto_on_a_large_graph_runs_relax_last() -> None:
+def test_auto_on_a_large_graph_runs_relax_last(monkeypatch: pytest.MonkeyPatch) -> None:
     """Beyond `LEAN_NODES` nodes relax runs after the others, with what they leave."""
     from scheduler.solvers import auto as mod
     from scheduler.solvers.bound import LEAN_NODES, remembered_bound
@@ -200,11 +200,8 @@ def test_auto_on_a_large_graph_runs_relax_last() -> None:
                 graph, budget, time_limit_s=1.0, **kw)
         return fn
 
-    mod.get_solver, before = spy, mod.get_solver
-    try:
-        r = mod.auto(g, budget, time_limit_s=10.0)
-    finally:
-        mod.get_solver = before
+    monkeypatch.setattr(mod, "get_solver", spy)
+    r = mod.auto(g, budget, time_limit_s=10.0)
     assert calls.index("relax") > calls.index("cpsat_fine") > calls.index("cpsat")
     assert r.status != INFEASIBLE and r.estimate.peak_bytes <= budget
     assert r.lower_bound_s == remembered_bound(g, budget)

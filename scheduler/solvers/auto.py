@@ -59,18 +59,16 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
     # limit covers them; the list keeps dp first, so that dp wins a tie with a baseline
     baselines = [get_solver(name)(graph, budget_bytes, time_limit_s=time_limit_s)
                  for name in BASELINES]
-    results = []
-    share = 0.0 if len(graph.compute_nodes) > LEAN_NODES else RELAX_SHARE
-    if share:
-        relaxed = get_solver("relax")(
-            graph, budget_bytes, time_limit_s=None if time_limit_s is None
-            else share * time_limit_s)
-        if relaxed.status == OPTIMAL:
-            return replace(relaxed, solve_s=time.perf_counter() - started)
-        # (the others' gaps are against the bound relax found, which full_space_bound
-        # remembers)
+    large = len(graph.compute_nodes) > LEAN_NODES  # (relax runs last there)
+    relaxed = None if large else get_solver("relax")(
+        graph, budget_bytes,
+        time_limit_s=None if time_limit_s is None else RELAX_SHARE * time_limit_s)
+    if relaxed is not None and relaxed.status == OPTIMAL:
+        return replace(relaxed, solve_s=time.perf_counter() - started)
+    # (the others' gaps are against the bound relax found, which full_space_bound remembers)
+    results = [get_solver("dp")(graph, budget_bytes, time_limit_s=time_limit_s)]
+    if relaxed is not None:
         results.append(relaxed)
-    results.insert(0, get_solver("dp")(graph, budget_bytes, time_limit_s=time_limit_s))
     reserve = 0.0 if time_limit_s is None else FINE_SHARE * time_limit_s
     results.append(get_solver("cpsat")(
         graph, budget_bytes, time_limit_s=None if time_limit_s is None
@@ -83,12 +81,11 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
         results.append(get_solver("cpsat_fine")(
             graph, budget_bytes, time_limit_s=min(left(), FINE_SHARE * time_limit_s),
             warm=best.schedule))
-    if not share and time_limit_s is not None and \
-            time_limit_s - (time.perf_counter() - started) > LATE_RELAX_S:
-        # a large graph: what the others leave of the limit goes to relax, for its bound
-        # (and, now and then, a better schedule)
-        results.append(get_solver("relax")(
-            graph, budget_bytes, time_limit_s=time_limit_s - (time.perf_counter() - started)))
+    rest = None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
+    if large and rest is not None and rest > LATE_RELAX_S:
+        # what the others leave of the limit goes to relax, for its bound (and, now and
+        # then, a better schedule)
+        results.append(get_solver("relax")(graph, budget_bytes, time_limit_s=rest))
     results += baselines
     fitting = [r for r in results if r.status != INFEASIBLE]
     if fitting:

@@ -29,7 +29,8 @@ from ..schedule import Schedule
 from ..simulate import Estimate, simulate
 
 __all__ = ["OPTIMAL", "FEASIBLE", "INFEASIBLE", "SolveResult", "Solver", "register",
-           "get_solver", "available", "UnknownSolverError", "finish", "rebound"]
+           "get_solver", "available", "UnknownSolverError", "finish", "rebound", "reaches",
+           "above"]
 
 OPTIMAL = "OPTIMAL"
 FEASIBLE = "FEASIBLE"
@@ -139,7 +140,7 @@ def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, so
         assert est is not None
         lower_bound_s = full_space_bound(graph, budget_bytes)
         status = FEASIBLE
-        if lower_bound_s > est.recompute_s * (1 + 1e-9) + 1e-12:
+        if above(lower_bound_s, est.recompute_s):
             warnings.warn(
                 f"the full-space bound {lower_bound_s} s exceeds the recompute time "
                 f"{est.recompute_s} s of {solver!r}'s schedule, which fits the budget "
@@ -147,13 +148,11 @@ def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, so
                 "the result carries no bound. Please report it with the graph's JSON",
                 BoundWarning, stacklevel=2)
             lower_bound_s = None
-        elif est.recompute_s - lower_bound_s <= 1e-6 * est.recompute_s:
+        elif reaches(est.recompute_s, lower_bound_s):
             status = OPTIMAL
     gap = None
     if est is not None and lower_bound_s is not None and status != INFEASIBLE:
-        gap = max(0.0, est.recompute_s - lower_bound_s) / max(est.recompute_s, 1e-12)
-        if status == OPTIMAL:
-            gap = 0.0
+        gap = _gap(est.recompute_s, lower_bound_s, status)
     solve_s = time.perf_counter() - started
     if schedule is not None:
         meta = schedule.meta
@@ -170,6 +169,25 @@ def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, so
                        space_bound_s=space_bound)
 
 
+def reaches(recompute_s: float, bound_s: float) -> bool:
+    """Whether a recompute time reaches a proven lower bound, so that it is optimal: within
+    a millionth (the picosecond rounding of the bound's objective)."""
+    return recompute_s - bound_s <= 1e-6 * recompute_s
+
+
+def above(bound_s: float, recompute_s: float) -> bool:
+    """Whether a bound lies above the recompute time of a schedule that fits (beyond float
+    rounding): a bug in the bound."""
+    return bound_s > recompute_s * (1 + 1e-9) + 1e-12
+
+
+def _gap(recompute_s: float, bound_s: float, status: str) -> float:
+    """The relative gap of a result to its bound (0 when OPTIMAL)."""
+    if status == OPTIMAL:
+        return 0.0
+    return max(0.0, recompute_s - bound_s) / max(recompute_s, 1e-12)
+
+
 def rebound(graph: CostGraph, result: SolveResult) -> SolveResult:
     """``result`` judged against the best full-space bound remembered for its graph and budget,
     when that is better than the one it was finished with (found later, by `relax`): its
@@ -182,10 +200,10 @@ def rebound(graph: CostGraph, result: SolveResult) -> SolveResult:
         return result
     bound = remembered_bound(graph, result.budget_bytes)
     t = result.estimate.recompute_s
-    if bound is None or bound <= result.lower_bound_s or bound > t * (1 + 1e-9) + 1e-12:
+    if bound is None or bound <= result.lower_bound_s or above(bound, t):
         return result  # (one above it is `finish`'s to report, as a BoundWarning)
-    status = OPTIMAL if t - bound <= 1e-6 * t else FEASIBLE
-    gap = 0.0 if status == OPTIMAL else (t - bound) / max(t, 1e-12)
+    status = OPTIMAL if reaches(t, bound) else FEASIBLE
+    gap = _gap(t, bound, status)
     return replace(result, status=status, lower_bound_s=bound, gap=gap,
                    schedule=replace(result.schedule, status=status, gap=gap))
 

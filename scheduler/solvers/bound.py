@@ -66,6 +66,7 @@ then stands.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections import defaultdict
@@ -175,8 +176,10 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
     When a rounded schedule breaks no constraint the model lacks (what the relaxation leaves
     out), the next solves are at a budget lowered by its overshoot: those give schedules,
     not bounds."""
+    from .base import reaches
+
     started = time.perf_counter()
-    best: list[tuple[float, Schedule]] = []
+    best: tuple[float, Schedule] | None = None
     bound, proven = 0.0, False
     rel = Relaxation(graph, budget_bytes)
     build_s = time.perf_counter() - started
@@ -198,9 +201,9 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
         last = None
         for sched in found:
             last = est = simulate(graph, sched)
-            if est.peak_bytes <= budget_bytes and (not best or est.recompute_s < best[0][0]):
-                best[:] = [(est.recompute_s, sched)]
-        if last is None or (best and best[0][0] <= bound * (1 + 1e-6)):
+            if est.peak_bytes <= budget_bytes and (best is None or est.recompute_s < best[0]):
+                best = (est.recompute_s, sched)
+        if last is None or (best is not None and reaches(best[0], bound)):
             break
         if last.peak_bytes <= budget_bytes:
             break  # it fits: another solve would start over (with less time), or is done
@@ -212,9 +215,9 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
                 time_limit_s - (time.perf_counter() - started) < 2 * build_s):
             break  # (no time to build it and solve it too)
         rel = Relaxation(graph, target)
-    if not best:
+    if best is None:
         return Relaxed(bound, proven, None)
-    return Relaxed(bound, proven, best[0][1], best[0][0])
+    return Relaxed(bound, proven, best[1], best[0])
 
 
 #: the objective's unit, in seconds: a picosecond, so that its rounding (at most 2 units a
@@ -248,7 +251,8 @@ class Relaxation:
         self.infeasible = room < 0
         self.replayed = {p: m.NewBoolVar(f"r_{i}") for i, p in enumerate(names)}
         self.kept: dict[int, Any] = {}
-        self.terms: list[tuple[int, Any]] = []  # objective: (ns, literal or integer variable)
+        # objective: (`UNIT_S`, literal or integer variable)
+        self.terms: list[tuple[int, Any]] = []
         self._ors: dict[tuple[int, ...], Any] = {}  # `_or`'s literals, by their operands
         self._hint: list[int] = []  # the last solve's solution, by variable index
         # `_cached_alive`'s: savers by step, linked runs, its literals
@@ -319,7 +323,7 @@ class Relaxation:
                 if cur > budget:
                     over.append((cur - budget, ("burst", k)))
             else:
-                high = max(prev + self.node_peak[fwd], cur)
+                high = max(prev + self.static.fwd_peak[fwd], cur)
                 if high > budget:
                     over.append((high - budget, ("fwd", fwd)))
                 fwd += 1
@@ -454,8 +458,7 @@ class Relaxation:
         """Forward: before each node's events (see the module docstring). Along forward only
         the kept part grows, so a node gets a constraint only when its constant part is above
         every later node's (at most `MAX_STEPS`)."""
-        g = self.g
-        pos = {x.name: i for i, x in enumerate(g.nodes)}
+        g, pos, fwd_peak = self.g, self.static.pos, self.static.fwd_peak
         loss = g.meta.get("loss_node")
         enter: dict[int, list[int]] = defaultdict(list)
         leave: dict[int, list[int]] = defaultdict(list)
@@ -466,19 +469,14 @@ class Relaxation:
             enter[p + 1].append(sid)
             leave[max(pos[st.last_use], p) + 1].append(sid)
         const, tops, gone = 0, [], []
-        for i, x in enumerate(g.nodes):
+        for i in range(len(g.nodes)):
             const += sum(g.storages[sid].bytes for sid in enter.get(i, ()))
             for sid in leave.get(i, ()):
                 st = g.storages[sid]
                 if not (st.output and st.producer == loss):  # the loss's output stays
                     const -= st.bytes
                     gone.append(sid)
-            run = peak = 0
-            for kind, sid in g.fwd_events.get(x.name, ()):
-                run += g.storages[sid].bytes if kind == "a" else -g.storages[sid].bytes
-                peak = max(peak, run)
-            tops.append((const, peak, len(gone)))
-        self.node_peak = [peak for _, peak, _ in tops]
+            tops.append((const, fwd_peak[i], len(gone)))
         for i, (const, peak, n_gone) in enumerate(tops):
             self.pending[("fwd", i)] = self._forward_fits(const + peak, gone, n_gone)
         needed, later = [], None
@@ -566,8 +564,6 @@ class Relaxation:
         region's replay, at the first backward step of any of the region's savers. So they
         are, unless x's linked run reaches a saver whose backward starts at k or before (the
         nearest such on either side); None when x itself is one."""
-        import bisect
-
         m, at = self.m, self.at
         early = self._early.get(k)
         if early is None:
@@ -627,13 +623,16 @@ class Relaxation:
         if not later:
             return
         same: dict[int, Any] = {z: None}  # node i shares z's region (forced; None: z itself)
-        for lo, hi, step in ((min(q for _, q in later), z - 1, -1),
-                             (z + 1, max(q for _, q in later), 1)):
-            for i in (range(hi, lo - 1, -1) if step < 0 else range(lo, hi + 1)):
-                prev, edge = (i + 1, link[i + 1]) if step < 0 else (i - 1, link[i])
-                v = same[i] = m.NewBoolVar("")
-                m.AddBoolOr([v, edge.Not(), *([] if same[prev] is None
-                                              else [same[prev].Not()])])
+
+        def shares(edge: Any, nearer: Any) -> Any:  # linked to a node that shares it
+            v = m.NewBoolVar("")
+            m.AddBoolOr([v, edge.Not(), *([] if nearer is None else [nearer.Not()])])
+            return v
+
+        for i in range(z - 1, min(q for _, q in later) - 1, -1):
+            same[i] = shares(link[i + 1], same[i + 1])
+        for i in range(z + 1, max(q for _, q in later) + 1):
+            same[i] = shares(link[i], same[i - 1])
         terms = self._held(k)
         for sid, q in later:
             c = m.NewBoolVar("")

@@ -70,7 +70,7 @@ from typing import Any
 
 from ..graph import CostGraph
 from ..schedule import KEEP, RECOMPUTE, Schedule
-from ..simulate import ReplayProbe, gradient_steps, simulate, storage_readers
+from ..simulate import ReplayProbe, _Static, gradient_steps, simulate, storage_readers
 from .base import FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult, finish, register
 from .dp import chain_cuts, crossing_counts
 
@@ -226,17 +226,14 @@ class _Model:
         # held literal). So only nodes above every later node's constant get a constraint.
         tops: list[int] = []
         const = 0
-        for i, x in enumerate(g.nodes):
+        fwd_peak = _Static.of(g).fwd_peak
+        for i in range(len(g.nodes)):
             for j in enter.get(i, ()):
                 const += items[j][2]
             for j in leave.get(i, ()):
                 if items[j][3] is not True:
                     const -= items[j][2]
-            run = peak = 0
-            for kind, sid in g.fwd_events.get(x.name, ()):
-                run += g.storages[sid].bytes if kind == "a" else -g.storages[sid].bytes
-                peak = max(peak, run)
-            tops.append(const + peak)
+            tops.append(const + fwd_peak[i])
         needed, later = set(), None
         for i in range(len(tops) - 1, -1, -1):
             if later is None or tops[i] > later:

@@ -33,7 +33,7 @@ import math
 import time
 
 from ..graph import CostGraph
-from .base import FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult, finish, register
+from .base import FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult, finish, reaches, register
 from .bound import relax_and_round, remember_bound
 
 __all__ = ["relax"]
@@ -53,12 +53,13 @@ def relax(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = N
         return finish(graph, budget_bytes, None, solver="relax", started=started,
                       status=INFEASIBLE, full_space=True)
     schedule, t = got.schedule, got.recompute_s
-    warm = _warm_start(graph, budget_bytes)
-    if warm is not None and warm.estimate.recompute_s < t:  # (None: nothing rounded fits)
-        schedule, t = warm.schedule, warm.estimate.recompute_s
+    if schedule is None or not reaches(t, bound):  # (then the cheap baselines may do better)
+        warm = _warm_start(graph, budget_bytes)
+        if warm is not None and warm.estimate.recompute_s < t:
+            schedule, t = warm.schedule, warm.estimate.recompute_s
     if schedule is None:
         return finish(graph, budget_bytes, None, solver="relax", started=started,
                       status=INFEASIBLE, full_space=True)
-    status = OPTIMAL if t - bound <= 1e-6 * t else FEASIBLE
+    status = OPTIMAL if reaches(t, bound) else FEASIBLE
     return finish(graph, budget_bytes, schedule, solver="relax", started=started,
                   status=status, lower_bound_s=bound, full_space=True)
