@@ -181,13 +181,45 @@ def test_rebound_judges_a_result_against_a_better_bound_found_later() -> None:
     assert full.status == OPTIMAL == full.schedule.status and full.gap == 0.0
 
 
-def test_auto_on_a_large_graph_runs_relax_last(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Beyond `LEAN_NODES` nodes relax runs after the others, with what they leave."""
+def test_far_reads_counts_reads_beyond_the_link_span() -> None:
+    from scheduler.solvers.auto import FAR_READS, far_reads
+    from scheduler.synthetic import large_dag, random_graph
+
+    assert far_reads(random_graph(200, kind="chain", seed=1)) == 0.0  # (reads the previous)
+    # the 12-layer model: 12 of its 680 reads (counted by hand: the residual stream's
+    # first reads and the like, more than 64 nodes on)
+    assert far_reads(CostGraph.load(GRAPHS / "hf_gpt2_12l.json")) == pytest.approx(12 / 680)
+    assert far_reads(large_dag(2000)) > 0.2 > FAR_READS  # skips start anywhere earlier
+    for name in ("gpt", "mlp", "unet", "hf_gpt2"):
+        assert far_reads(CostGraph.load(GRAPHS / f"{name}.json")) < FAR_READS
+
+
+def test_lean_relaxation_s_later_constraints_hold_everything() -> None:
+    """Lean leaves region inputs and cached outputs out of the constraints made up front
+    only: one `add` puts in later counts the same storages as in the full relaxation."""
+    g = CostGraph.load(GRAPHS / "unet.json")
+    budget = _budget(g, 0.7)
+    lean, full = Relaxation(g, budget, lean=True), Relaxation(g, budget, lean=False)
+    steps = [k for kind, k in full.pending if kind == "bwd" and ("bwd", k) in lean.pending]
+    k = max(steps, key=lambda k: len(full._held(k)))  # (pending in both)
+    lean._up_front = True
+    up_front = sorted(b for b, _ in lean._held(k))
+    lean._up_front = False
+    later = sorted(b for b, _ in lean._held(k))
+    assert later == sorted(b for b, _ in full._held(k))
+    assert len(up_front) < len(later)  # (the U-Net has region inputs to hold there)
+
+
+def test_auto_on_a_graph_that_reads_far_runs_relax_last(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """Where many reads reach beyond the link span, relax runs after the others, with what
+    they leave."""
     from scheduler.solvers import auto as mod
-    from scheduler.solvers.bound import LEAN_NODES, remembered_bound
+    from scheduler.solvers.bound import remembered_bound
     from scheduler.synthetic import random_graph
 
-    g = random_graph(LEAN_NODES + 20, kind="dag", seed=3)
+    g = random_graph(320, kind="dag", seed=3)
+    assert mod.far_reads(g) > mod.FAR_READS
     budget = _budget(g, 0.8)
     calls: list[str] = []
     real = mod.get_solver

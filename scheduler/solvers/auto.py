@@ -6,8 +6,10 @@ proven bound, for `RELAX_SHARE` of the time limit), and returns at once when tha
 schedules), ``cpsat`` (exact over region schedules of general graphs, within the time limit)
 and, when something fits and there is a time limit, ``cpsat_fine`` (a finer space, for
 `FINE_SHARE` of the limit, warm-started from the best so far), and returns the schedule with
-the least recompute time whose simulated peak fits. On graphs of more than
-`bound.LEAN_NODES` nodes ``relax`` runs last instead, with what the others leave of the limit.
+the least recompute time whose simulated peak fits. On graphs whose tensors reach far
+(`far_reads` above `FAR_READS`: more reads than that span over `bound.LINK_SPAN` nodes, where
+the relaxation knows little of which region a read crosses and is weak) ``relax`` runs last
+instead, with what the others leave of the limit.
 
 Its ``space_optimal`` is the chosen solver's; its status and gap are against the best
 full-space bound found for the graph and budget (`base.rebound`): OPTIMAL only where that
@@ -22,18 +24,26 @@ import time
 from dataclasses import replace
 
 from ..graph import CostGraph
+from ..simulate import storage_readers
 from .base import INFEASIBLE, OPTIMAL, SolveResult, get_solver, rebound, register
-from .bound import LEAN_NODES
+from .bound import LINK_SPAN
 
-__all__ = ["auto", "BASELINES", "FINE_SHARE", "LATE_RELAX_S", "RELAX_SHARE"]
+__all__ = ["auto", "BASELINES", "FAR_READS", "FINE_SHARE", "LATE_RELAX_S", "RELAX_SHARE",
+           "far_reads"]
 
 #: the share of ``time_limit_s`` auto gives `relax` first (it returns early when it proves its
-#: schedule optimal: on the recorded graphs of up to 140 nodes, mostly in 1 to 10 s); on
-#: graphs it relaxes lean (`bound.LEAN_NODES`), where CP-SAT rarely proves it within the limit
-#: and rarely rounds a schedule that fits, `relax` runs last, with what the others leave
-#: (when that is more than `LATE_RELAX_S`), for its bound: first, its share left `cpsat` so
-#: little time on the 2,000-node DAG that auto's schedules came out 20 to 60% slower
-RELAX_SHARE = 0.5
+#: schedule optimal: on the recorded graphs of up to 140 nodes, mostly in 0.5 to 7 s). On the
+#: 600-node 12-layer HF GPT-2 at 90% it needs about 5 s to prove its (lean) relaxation and
+#: more to round a schedule that fits: at 10 s, half the limit gave 2.70 ms (cpsat_fine's),
+#: three quarters 2.37 and 2.40 ms (relax's, gaps of 2.5 and 3.8%)
+RELAX_SHARE = 0.75
+
+#: above this share of far reads (`far_reads`), `relax` runs last, with what the others leave
+#: (when that is more than `LATE_RELAX_S`), for its bound. The 2,000-node synthetic DAG has
+#: 21% (its skip connections start anywhere earlier): its relaxation bounds at 27 ms at 90%,
+#: where `cpsat`'s schedules take 133 ms, and relax first left `cpsat` so little time that
+#: auto answered 510 ms. The recorded graphs have 0 to 1.8%
+FAR_READS = 0.05
 LATE_RELAX_S = 2.0
 
 #: the share of ``time_limit_s`` auto gives `cpsat_fine` after the others (none without a
@@ -42,6 +52,22 @@ FINE_SHARE = 0.2
 
 #: baselines auto also tries, by name
 BASELINES = ("every_block", "sqrt", "uniform:2", "uniform:4", "greedy", "knapsack")
+
+
+def far_reads(graph: CostGraph) -> float:
+    """The share of the reads of compute nodes' outputs, by compute nodes, that come more than
+    `bound.LINK_SPAN` nodes after the producer (0.0 when there are none)."""
+    at = {x: i for i, x in enumerate(graph.compute_nodes)}
+    reads = far = 0
+    for sid, readers in storage_readers(graph).items():
+        p = at.get(graph.storages[sid].producer)
+        if p is None:
+            continue
+        for u in readers:
+            if u in at:
+                reads += 1
+                far += at[u] - p > LINK_SPAN
+    return far / reads if reads else 0.0
 
 
 @register("auto")
@@ -59,8 +85,8 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
     # limit covers them; the list keeps dp first, so that dp wins a tie with a baseline
     baselines = [get_solver(name)(graph, budget_bytes, time_limit_s=time_limit_s)
                  for name in BASELINES]
-    large = len(graph.compute_nodes) > LEAN_NODES  # (relax runs last there)
-    relaxed = None if large else get_solver("relax")(
+    late = far_reads(graph) > FAR_READS  # (relax runs last there)
+    relaxed = None if late else get_solver("relax")(
         graph, budget_bytes,
         time_limit_s=None if time_limit_s is None else RELAX_SHARE * time_limit_s)
     if relaxed is not None and relaxed.status == OPTIMAL:
@@ -82,7 +108,7 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
             graph, budget_bytes, time_limit_s=min(left(), FINE_SHARE * time_limit_s),
             warm=best.schedule))
     rest = None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
-    if large and rest is not None and rest > LATE_RELAX_S:
+    if late and rest is not None and rest > LATE_RELAX_S:
         # what the others leave of the limit goes to relax, for its bound (and, now and
         # then, a better schedule)
         results.append(get_solver("relax")(graph, budget_bytes, time_limit_s=rest))

@@ -77,7 +77,7 @@ from ..graph import CostGraph
 from ..schedule import KEEP, RECOMPUTE, Schedule
 from ..simulate import Estimate, _Static, gradient_steps, simulate, storage_readers
 
-__all__ = ["BOUND_S", "LINK_SPAN", "MAX_STEPS", "WORKERS", "BoundWarning", "Relaxation",
+__all__ = ["BOUND_S", "LINK_SPAN", "MAX_STEPS", "SUBSOLVERS", "BoundWarning", "Relaxation",
            "full_space_bound", "relax_and_round", "remember_bound", "remembered_bound"]
 
 
@@ -99,13 +99,17 @@ BOUND_S = 0.8
 #: (but weaker bounds, which the constraints added later make up)
 MAX_STEPS = 10
 
-#: CP-SAT workers: with 8, its portfolio proves the recorded graphs' bounds in seconds
-#: (even on 2 cores); with 2 it leaves them at the trivial bound for seconds
-WORKERS = 8
+#: CP-SAT's workers, one each: the bound comes from the LP-heavy ``max_lp`` (its cuts and
+#: reduced-cost fixing), the schedules mostly from ``quick_restart``. On 2 cores these two
+#: proved the four recorded graphs at 90, 70 and 50% about twice as fast as CP-SAT's default
+#: portfolio of 8 (which time-shares the cores with workers that never move the bound), and
+#: proved the 600-node HF GPT-2's lean relaxation at 90% in 4 to 5 s, where the 8 left a 3% gap
+#: at 10 s; with the default portfolio of 2 (no ``max_lp``), the bound stays trivial for seconds
+SUBSOLVERS = ("max_lp", "quick_restart")
 
 #: graphs with more compute nodes than this get a lean `Relaxation` (on the 600-node HF GPT-2
-#: at 90% of its peak, within 2 s, CP-SAT bounded the full one to 0.2 ms, the lean one to
-#: 1.9 ms)
+#: at 90% of its peak, CP-SAT proved the lean one at 2.312 ms in 4.4 s; in 20 s it bounded the
+#: full one only to 2.227 ms)
 LEAN_NODES = 300
 
 #: solves of the relaxation `relax_and_round` makes at most (each adds the memory constraints
@@ -235,10 +239,12 @@ class Relaxation:
     docstring): `solve` bounds it, `schedule` rounds a solution to a schedule."""
 
     def __init__(self, graph: CostGraph, budget_bytes: int, *, lean: bool | None = None):
-        """``lean``: leave out of the model's memory constraints the region inputs held in
-        backward and the cached outputs awaiting their replay, and add no replay-burst
+        """``lean``: leave out of the memory constraints made up front the region inputs held
+        in backward and the cached outputs awaiting their replay, and make no replay-burst
         constraint up front (they stay pending): a weaker relaxation that CP-SAT bounds much
-        sooner on large graphs. None: lean beyond `LEAN_NODES` compute nodes."""
+        sooner on large graphs. The constraints `add` puts in later hold everything (only the
+        steps a rounded schedule broke, so the model stays small). None: lean beyond
+        `LEAN_NODES` compute nodes."""
         from ortools.sat.python import cp_model
 
         self.g, self.budget = graph, budget_bytes
@@ -289,8 +295,10 @@ class Relaxation:
         self._regions()
         self._inputs()
         self._fits(0, [(graph.storages[s].bytes, v) for s, v in self.kept.items()])
+        self._up_front = True  # (what `lean` leaves out is left out of these only)
         self._forward()
         self._backward()
+        self._up_front = False
         m.Minimize(sum(c * v for c, v in self.terms if c))
 
     def add(self, labels: list[tuple[str, int]]) -> int:
@@ -548,7 +556,7 @@ class Relaxation:
         for sid, v in self.kept.items():
             if self.first_need.get(sid, -1) > k:
                 lits[sid].append(v)
-        if self.lean:
+        if self.lean and self._up_front:
             return [(self.g.storages[sid].bytes, self._or(ls)) for sid, ls in lits.items()]
         for sid, inp, until in self.inputs:
             if until >= k and not any(f <= k <= d for f, d in self.windows.get(sid, ())):
@@ -653,7 +661,8 @@ class Relaxation:
         if self.infeasible:
             return math.inf, True
         solver = cp_model.CpSolver()
-        solver.parameters.num_workers = WORKERS
+        solver.parameters.num_workers = len(SUBSOLVERS)
+        solver.parameters.subsolvers.extend(SUBSOLVERS)
         solver.parameters.max_time_in_seconds = max(0.05, time_limit_s)
         callback = None
         if on_solution is not None:
