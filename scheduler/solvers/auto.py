@@ -7,9 +7,9 @@ schedules), ``cpsat`` (exact over region schedules of general graphs, within the
 and, when something fits and there is a time limit, ``cpsat_fine`` (a finer space, for
 `FINE_SHARE` of the limit, warm-started from the best so far), and returns the schedule with
 the least recompute time whose simulated peak fits. On graphs whose tensors reach far
-(`far_reads` above `FAR_READS`: more reads than that span over `bound.LINK_SPAN` nodes, where
-the relaxation knows little of which region a read crosses and is weak) ``relax`` runs last
-instead, with what the others leave of the limit.
+(`bound.far_reads` above `FAR_READS`: more reads than that span over `bound.LINK_SPAN`
+nodes, where the relaxation knows little of which region a read crosses and is weak)
+``relax`` runs last instead, with what the others leave of the limit.
 
 Its ``space_optimal`` is the chosen solver's; its status and gap are against the best
 full-space bound found for the graph and budget (`base.rebound`): OPTIMAL only where that
@@ -24,12 +24,10 @@ import time
 from dataclasses import replace
 
 from ..graph import CostGraph
-from ..simulate import storage_readers
 from .base import INFEASIBLE, OPTIMAL, SolveResult, get_solver, rebound, register
-from .bound import LINK_SPAN
+from .bound import far_reads
 
-__all__ = ["auto", "BASELINES", "FAR_READS", "FINE_SHARE", "LATE_RELAX_S", "RELAX_SHARE",
-           "far_reads"]
+__all__ = ["auto", "BASELINES", "FAR_READS", "FINE_SHARE", "LATE_RELAX_S", "RELAX_SHARE"]
 
 #: the share of ``time_limit_s`` auto gives `relax` first (it returns early when it proves its
 #: schedule optimal: on the recorded graphs of up to 140 nodes, mostly in 0.5 to 7 s). On the
@@ -38,8 +36,8 @@ __all__ = ["auto", "BASELINES", "FAR_READS", "FINE_SHARE", "LATE_RELAX_S", "RELA
 #: three quarters 2.37 and 2.40 ms (relax's, gaps of 2.5 and 3.8%)
 RELAX_SHARE = 0.75
 
-#: above this share of far reads (`far_reads`), `relax` runs last, with what the others leave
-#: (when that is more than `LATE_RELAX_S`), for its bound. The 2,000-node synthetic DAG has
+#: above this share of far reads (`bound.far_reads`), `relax` runs last, with what the others
+#: leave (when that is more than `LATE_RELAX_S`), for its bound. The 2,000-node synthetic DAG has
 #: 21% (its skip connections start anywhere earlier): its relaxation bounds at 27 ms at 90%,
 #: where `cpsat`'s schedules take 133 ms, and relax first left `cpsat` so little time that
 #: auto answered 510 ms. The recorded graphs have 0 to 1.8%
@@ -52,22 +50,6 @@ FINE_SHARE = 0.2
 
 #: baselines auto also tries, by name
 BASELINES = ("every_block", "sqrt", "uniform:2", "uniform:4", "greedy", "knapsack")
-
-
-def far_reads(graph: CostGraph) -> float:
-    """The share of the reads of compute nodes' outputs, by compute nodes, that come more than
-    `bound.LINK_SPAN` nodes after the producer (0.0 when there are none)."""
-    at = {x: i for i, x in enumerate(graph.compute_nodes)}
-    reads = far = 0
-    for sid, readers in storage_readers(graph).items():
-        p = at.get(graph.storages[sid].producer)
-        if p is None:
-            continue
-        for u in readers:
-            if u in at:
-                reads += 1
-                far += at[u] - p > LINK_SPAN
-    return far / reads if reads else 0.0
 
 
 @register("auto")

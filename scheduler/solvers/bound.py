@@ -78,7 +78,8 @@ from ..schedule import KEEP, RECOMPUTE, Schedule
 from ..simulate import Estimate, _Static, gradient_steps, simulate, storage_readers
 
 __all__ = ["BOUND_S", "LINK_SPAN", "MAX_STEPS", "SUBSOLVERS", "BoundWarning", "Relaxation",
-           "full_space_bound", "relax_and_round", "remember_bound", "remembered_bound"]
+           "far_reads", "full_space_bound", "relax_and_round", "remember_bound",
+           "remembered_bound"]
 
 
 class BoundWarning(RuntimeWarning):
@@ -127,6 +128,23 @@ SOLVE_S = 60.0
 #: readers) at most this many nodes after the producer, the nodes between must share that
 #: region
 LINK_SPAN = 64
+
+
+def far_reads(graph: CostGraph) -> float:
+    """The share of the reads of compute nodes' outputs, by compute nodes, that come more than
+    `LINK_SPAN` nodes after the producer, where the relaxation does not tie the reader's
+    region to the producer's (0.0 when there are no reads)."""
+    at = {x: i for i, x in enumerate(graph.compute_nodes)}
+    reads = far = 0
+    for sid, readers in storage_readers(graph).items():
+        p = at.get(graph.storages[sid].producer)
+        if p is None:
+            continue
+        for u in readers:
+            if u in at:
+                reads += 1
+                far += at[u] - p > LINK_SPAN
+    return far / reads if reads else 0.0
 
 
 def full_space_bound(graph: CostGraph, budget_bytes: int, *, time_limit_s: float = BOUND_S

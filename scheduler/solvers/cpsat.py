@@ -174,13 +174,9 @@ class _Model:
         else:
             room = budget_bytes - g.base_bytes
         self.room = room
-        pos = {x.name: i for i, x in enumerate(g.nodes)}
-        last_step: dict[str, int] = {}
-        for i, st in enumerate(g.bwd_steps):
-            if st.node:
-                last_step[st.node] = i
+        static = _Static.of(g)
+        pos, done = static.pos, static.done
         end = len(g.bwd_steps) - 1
-        done = {x: last_step.get(x, end) for x in pos}
         unit_done = [-1] * n_units
         for x in names:
             if g.node(x).saved:
@@ -226,7 +222,7 @@ class _Model:
         # held literal). So only nodes above every later node's constant get a constraint.
         tops: list[int] = []
         const = 0
-        fwd_peak = _Static.of(g).fwd_peak
+        fwd_peak = static.fwd_peak
         for i in range(len(g.nodes)):
             for j in enter.get(i, ()):
                 const += items[j][2]

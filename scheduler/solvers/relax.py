@@ -24,7 +24,7 @@ Running time: that of CP-SAT on the relaxation (O(nodes * `bound.LINK_SPAN`) Boo
 clauses, memory constraints of O(storages) terms each), up to `bound.ROUNDS` times, plus a
 simulation per improving solution. On the recorded graphs of up to 140 nodes it proves most
 budgets optimal within 10 s. On the 600-node 12-layer HF GPT-2 it proves its (lean)
-relaxation in 2 to 5 s, and within 10 s its schedules came within 0.3 to 4% of that bound
+relaxation in 2 to 5 s, and within 10 s its schedules came within 0 to 4% of that bound
 (now and then none fits in time); on the 2,000-node synthetic DAG, whose skip connections
 reach far, its bound is weak and its schedules are slow (`auto` runs it last there).
 """
