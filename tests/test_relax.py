@@ -196,8 +196,8 @@ def test_far_reads_counts_reads_beyond_the_link_span() -> None:
 
 
 def test_lean_relaxation_s_later_constraints_hold_everything() -> None:
-    """Lean leaves region inputs and cached outputs out of the constraints made up front
-    only: one `add` puts in later counts the same storages as in the full relaxation."""
+    """Lean leaves cached outputs out of the constraints made up front only: one `add` puts
+    in later counts the same storages as in the full relaxation."""
     g = CostGraph.load(GRAPHS / "unet.json")
     budget = _budget(g, 0.7)
     lean, full = Relaxation(g, budget, lean=True), Relaxation(g, budget, lean=False)
@@ -208,7 +208,7 @@ def test_lean_relaxation_s_later_constraints_hold_everything() -> None:
     lean._up_front = False
     later = sorted(b for b, _ in lean._held(k))
     assert later == sorted(b for b, _ in full._held(k))
-    assert len(up_front) < len(later)  # (the U-Net has region inputs to hold there)
+    assert len(up_front) < len(later)  # (the U-Net has cached outputs to hold there)
 
 
 def test_auto_on_a_graph_that_reads_far_runs_relax_last(monkeypatch: pytest.MonkeyPatch
@@ -238,3 +238,65 @@ def test_auto_on_a_graph_that_reads_far_runs_relax_last(monkeypatch: pytest.Monk
     assert calls.index("relax") > calls.index("cpsat_fine") > calls.index("cpsat")
     assert r.status != INFEASIBLE and r.estimate.peak_bytes <= budget
     assert r.lower_bound_s == remembered_bound(g, budget)
+
+
+def _feasible(rel: Relaxation, fixed: list[tuple[object, int]]) -> bool:
+    """Whether ``rel``'s model, with the literals of ``fixed`` set, has a solution."""
+    from ortools.sat.python import cp_model
+
+    m = rel.m.clone()
+    for lit, v in fixed:
+        m.add(m.get_bool_var_from_proto_index(lit.index) == v)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = 30.0
+    status = solver.solve(m)
+    assert status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.INFEASIBLE)
+    return status != cp_model.INFEASIBLE
+
+
+def test_a_run_ties_exactly_the_links_between_its_ends() -> None:
+    """`Relaxation._run(p, j)` (built from aligned spans of links) forces every link p+1..j
+    and no other: checked by CP-SAT for runs of every length on a 40-node chain."""
+    from scheduler.synthetic import random_graph
+
+    g = random_graph(40, kind="chain", seed=5)
+    rel = Relaxation(g, simulate(g, Schedule.none(g)).peak_bytes)  # (everything fits)
+    rnd = random.Random(0)
+    pairs = [(0, 1), (0, 39), (3, 36), (8, 15), (7, 16)] + [
+        tuple(sorted(rnd.sample(range(40), 2))) for _ in range(5)]
+    for p, j in pairs:
+        run = rel._run(p, j)
+        inside = rnd.choice(range(p + 1, j + 1))
+        assert not _feasible(rel, [(run, 1), (rel.link[inside], 0)]), (p, j, inside)
+        outside = [rel.link[i] for i in (p, j + 1) if 1 <= i < 40]
+        assert _feasible(rel, [(run, 1), *((lit, 0) for lit in outside)]), (p, j)
+
+
+def test_a_save_set_keeps_its_nodes_op_temporaries() -> None:
+    """A cached node's op temporaries stay alive until the replay (each of its ops is
+    MUST_SAVE, as `rewrite` makes them): the relaxation keeps them with it."""
+    from scheduler.synthetic import random_graph
+
+    g = random_graph(30, kind="dag", seed=2)
+    rel = Relaxation(g, simulate(g, Schedule.none(g)).peak_bytes)
+    temps = [(x, sid) for sid, st in g.storages.items() if st.inner_free
+             for x in [st.producer] if x in rel.cached]
+    assert temps  # (a quarter of the synthetic nodes have one)
+    for x, sid in temps[:3]:
+        assert not _feasible(rel, [(rel.cached[x], 1), (rel.kept[sid], 0)])
+        assert _feasible(rel, [(rel.cached[x], 0), (rel.kept[sid], 0)])
+
+
+def test_tighten_takes_room_from_the_constraint_it_builds_again() -> None:
+    """`Relaxation.tighten` builds a constraint again with less room (a cut for rounding, not
+    a bound): the last forward constraint again, with the whole budget less room, fits
+    nothing; the model's room stays what it was for the constraints built later."""
+    g = CostGraph.load(GRAPHS / "gpt.json")
+    budget = _budget(g, 0.7)
+    rel = Relaxation(g, budget)
+    label = max((lb for lb in rel.built if lb[0] == "fwd"), key=lambda lb: lb[1])
+    room = rel.room
+    assert _feasible(rel, [])
+    assert rel.tighten([(budget, label)]) == 1 and rel.room == room
+    assert not _feasible(rel, [])
+    assert rel.tighten([(0, ("nowhere", 0))]) == 0

@@ -8,8 +8,8 @@ and, when something fits and there is a time limit, ``cpsat_fine`` (a finer spac
 `FINE_SHARE` of the limit, warm-started from the best so far), and returns the schedule with
 the least recompute time whose simulated peak fits. On graphs whose tensors reach far
 (`bound.far_reads` above `FAR_READS`: more reads than that span over `bound.LINK_SPAN`
-nodes, where the relaxation knows little of which region a read crosses and is weak)
-``relax`` runs last instead, with what the others leave of the limit.
+nodes, which make the relaxation slow to solve) ``relax`` runs last instead, with what the
+others leave of the limit.
 
 Its ``space_optimal`` is the chosen solver's; its status and gap are against the best
 full-space bound found for the graph and budget (`base.rebound`): OPTIMAL only where that
@@ -38,9 +38,10 @@ RELAX_SHARE = 0.75
 
 #: above this share of far reads (`bound.far_reads`), `relax` runs last, with what the others
 #: leave (when that is more than `LATE_RELAX_S`), for its bound. The 2,000-node synthetic DAG has
-#: 21% (its skip connections start anywhere earlier): its relaxation bounds at 27 ms at 90%,
-#: where `cpsat`'s schedules take 133 ms, and relax first left `cpsat` so little time that
-#: auto answered 510 ms. The recorded graphs have 0 to 1.8%
+#: 21% (its skip connections start anywhere earlier): CP-SAT took 5 to 12 s to prove its
+#: relaxation at 90% (33.0 ms, where `cpsat`'s schedules take 133 ms), and its rounded
+#: schedules broke the budget; relax first left `cpsat` so little time that auto answered
+#: 510 ms. The recorded graphs have 0 to 1.8%
 FAR_READS = 0.05
 LATE_RELAX_S = 2.0
 

@@ -114,7 +114,7 @@ SUBSOLVERS = ("max_lp", "quick_restart")
 LEAN_NODES = 300
 
 #: solves of the relaxation `relax_and_round` makes at most (each adds the memory constraints
-#: the last rounded schedule broke, or lowers the budget it rounds at)
+#: the last rounded schedule broke, or tightens it where it broke the budget)
 ROUNDS = 8
 
 #: the share of the time limit the first solve gets (the rest is for solves with the
@@ -129,11 +129,18 @@ SOLVE_S = 60.0
 #: region
 LINK_SPAN = 64
 
+#: CP-SAT's probing in presolve (``cp_model_probing_level``): off. On the 2,000-node synthetic
+#: DAG at 90% of its peak its three rounds took 3.5 s of presolve; without them CP-SAT had the
+#: same bound (33.01 ms) at 4.7 s instead of 6.6 s, and recorded graphs solved as fast or faster
+PROBING = 0
+
 
 def far_reads(graph: CostGraph) -> float:
     """The share of the reads of compute nodes' outputs, by compute nodes, that come more than
-    `LINK_SPAN` nodes after the producer, where the relaxation does not tie the reader's
-    region to the producer's (0.0 when there are no reads)."""
+    `LINK_SPAN` nodes after the producer (0.0 when there are no reads). Each ties the regions
+    of all the nodes between in the relaxation, which CP-SAT then solves slowly: on the
+    2,000-node synthetic DAG (a fifth of its reads), it took 5 to 12 s to prove it at 90% of
+    the peak, and its first solves rounded to schedules that broke the budget."""
     at = {x: i for i, x in enumerate(graph.compute_nodes)}
     reads = far = 0
     for sid, readers in storage_readers(graph).items():
@@ -196,8 +203,8 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
     solved again (hinted with the last solution), up to ``rounds`` solves or ``time_limit_s``
     (None: each solve may take `SOLVE_S`). Each solve's bound is valid, so the best is kept.
     When a rounded schedule breaks no constraint the model lacks (what the relaxation leaves
-    out), the next solves are at a budget lowered by its overshoot: those give schedules,
-    not bounds."""
+    out), the model is tightened by its overshoot where it broke the budget
+    (`Relaxation.tighten`): the next solves give schedules, not bounds."""
     from .base import reaches
 
     started = time.perf_counter()
@@ -205,7 +212,7 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
     bound, proven = 0.0, False
     rel = Relaxation(graph, budget_bytes)
     build_s = time.perf_counter() - started
-    target = budget_bytes
+    bounds = True  # (whether the model still bounds the budget: `Relaxation.tighten`)
     for round_ in range(rounds):
         limit = SOLVE_S if time_limit_s is None else \
             (time_limit_s - (time.perf_counter() - started)) * (
@@ -216,7 +223,7 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
         found: list[Schedule] = []
         lb, optimum = rel.solve(limit, on_solution=lambda value: found.append(
             rel.schedule(value)))
-        if target == budget_bytes:
+        if bounds:
             if lb == math.inf:
                 return Relaxed(math.inf, True, None)
             bound, proven = max(bound, lb), optimum
@@ -229,14 +236,14 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
             break
         if last.peak_bytes <= budget_bytes:
             break  # it fits: another solve would start over (with less time), or is done
-        broken = [x for x in rel.violated(last) if x in rel.pending][:MAX_STEPS]
-        if target == budget_bytes and rel.add(broken):
+        over = rel.overshoots(last)
+        broken = [x for _, x in over if x in rel.pending][:MAX_STEPS]
+        if bounds and rel.add(broken):
             continue  # (the worst few: each costs a pass over the storages to build)
-        target -= last.peak_bytes - budget_bytes  # round a tighter relaxation
-        if target < graph.base_bytes or time_limit_s is not None and (
-                time_limit_s - (time.perf_counter() - started) < 2 * build_s):
-            break  # (no time to build it and solve it too)
-        rel = Relaxation(graph, target)
+        # what breaks the budget is what the relaxation leaves out: cut it off at those steps
+        bounds = False
+        if not rel.tighten(over[:MAX_STEPS]):
+            break
     if best is None:
         return Relaxed(bound, proven, None)
     return Relaxed(bound, proven, best[1], best[0])
@@ -282,6 +289,7 @@ class Relaxation:
         # `_cached_alive`'s: savers by step, linked runs, its literals
         self._early: dict[int, list[int]] = {}
         self._runs: dict[tuple[int, int], Any] = {}  # `_run`'s literals
+        self._spans: dict[tuple[int, int], Any] = {}  # `_span`'s literals
         self._alive: dict[tuple[str, tuple[int, ...]], Any] = {}
         if self.infeasible:
             return
@@ -310,9 +318,10 @@ class Relaxation:
         # ("bwd", step), ("burst", step)): `add` puts them in, `violated` says which a
         # schedule breaks
         self.pending: dict[tuple[str, int], Callable[[], None]] = {}
+        self.built: dict[tuple[str, int], Callable[[], None]] = {}  # (`tighten` builds again)
         self._regions()
         self._inputs()
-        self._fits(0, [(graph.storages[s].bytes, v) for s, v in self.kept.items()])
+        self._fits(0, self._stored(list(self.kept)))
         self._up_front = True  # (what `lean` leaves out is left out of these only)
         self._forward()
         self._backward()
@@ -327,7 +336,28 @@ class Relaxation:
             build = self.pending.pop(label, None)
             if build is not None:
                 build()
+                self.built[label] = build
                 added += 1
+        return added
+
+    def tighten(self, over: list[tuple[int, tuple[str, int]]]) -> int:
+        """For each (bytes, label) of ``over``: the memory constraint ``label`` (pending or
+        not; holding everything) again, with that many bytes less room. These are cuts that
+        steer the rounded schedules under the budget where the relaxation leaves something out
+        (transient replay peaks); the model no longer bounds the budget. Returns how many went
+        in."""
+        added = 0
+        for by, label in over:
+            build = self.pending.pop(label, None) or self.built.get(label)
+            if build is None:
+                continue
+            self.room -= by
+            try:
+                build()
+            finally:
+                self.room += by
+            self.built[label] = build
+            added += 1
         return added
 
     def violated(self, estimate: Estimate) -> list[tuple[str, int]]:
@@ -335,6 +365,10 @@ class Relaxation:
         backward steps where ``estimate`` (a simulation with its timeline) goes over the
         budget (before each, what was alive plus its own highest running total), most over
         first."""
+        return [label for _, label in self.overshoots(estimate)]
+
+    def overshoots(self, estimate: Estimate) -> list[tuple[int, tuple[str, int]]]:
+        """`violated`'s labels, each with the bytes by which ``estimate`` goes over there."""
         g, budget = self.g, self.budget
         over: list[tuple[int, tuple[str, int]]] = []  # (by how much, label)
         prev, fwd, k = g.base_bytes, 0, 0
@@ -355,7 +389,7 @@ class Relaxation:
                 fwd += 1
             prev = cur
         over.sort(key=lambda t: -t[0])  # (stable: in step order among equals)
-        return [label for _, label in over]
+        return over
 
     # -- variables ---------------------------------------------------------------------------
     def keep(self, sid: int) -> Any:
@@ -373,10 +407,9 @@ class Relaxation:
     def _regions(self) -> None:
         """Links, cached nodes, region starts and save sets, and what they cost."""
         g, m, names, at, replayed = self.g, self.m, self.names, self.at, self.replayed
-        outputs: dict[str, list[int]] = defaultdict(list)
-        for sid, st in g.storages.items():
-            if st.output and not st.inner_free:
-                outputs[st.producer].append(sid)
+        # a save set caches every storage its nodes allocate, op temporaries included (each
+        # non-view op of the node is MUST_SAVE)
+        outputs = self.static.allocs
         per_saved = g.checkpoint_saved_s
         cached = self.cached = {}
         for x in names:
@@ -435,7 +468,7 @@ class Relaxation:
                     self.terms.append((_units(node.sac_s), v))
         # a storage not kept is remade for its savers by its producer's region
         for sid, p, savers in self.regenerable:
-            far = max((at[x] for x in savers if 0 < at[x] - at[p] <= LINK_SPAN), default=None)
+            far = max((at[x] for x in savers if at[x] > at[p]), default=None)
             if far is not None:
                 m.AddBoolOr([self.keep(sid), self._run(at[p], far)])
         call = _units(g.checkpoint_call_s)
@@ -450,7 +483,7 @@ class Relaxation:
         """What a replayed node reads: kept, or remade in its region (``chain``: every node
         from the producer linked), or else a region input (``inp``), held until at least the
         step after which the first node at or after the reader that saves tensors lets go.
-        Pairs more than `LINK_SPAN` nodes apart only get the first rule."""
+        """
         g, m, at, static = self.g, self.m, self.at, self.static
         names, replayed, link = self.names, self.replayed, self.link
         next_saver: list[int | None] = [None] * (len(names) + 1)
@@ -466,7 +499,7 @@ class Relaxation:
                 if u not in at:
                     continue
                 m.AddBoolOr([replayed[u].Not(), self.keep(sid), replayed[st.producer]])
-                if not 0 < at[u] - p <= LINK_SPAN:
+                if at[u] <= p:
                     continue
                 chain = self._run(p, at[u])
                 m.AddBoolOr([replayed[u].Not(), self.keep(sid), chain])
@@ -488,15 +521,18 @@ class Relaxation:
         loss = g.meta.get("loss_node")
         enter: dict[int, list[int]] = defaultdict(list)
         leave: dict[int, list[int]] = defaultdict(list)
+        temps: dict[int, list[int]] = defaultdict(list)  # op temporaries, after their op
         for sid, st in g.storages.items():
-            if st.inner_free:
-                continue
             p = pos[st.producer]
+            if st.inner_free:  # (alive after it only when a save set caches it)
+                temps[p + 1].append(sid)
+                continue
             enter[p + 1].append(sid)
             leave[max(pos[st.last_use], p) + 1].append(sid)
         const, tops, gone = 0, [], []
         for i in range(len(g.nodes)):
             const += sum(g.storages[sid].bytes for sid in enter.get(i, ()))
+            gone += temps.get(i, ())
             for sid in leave.get(i, ()):
                 st = g.storages[sid]
                 if not (st.output and st.producer == loss):  # the loss's output stays
@@ -515,10 +551,18 @@ class Relaxation:
 
     def _forward_fits(self, top: int, gone: list[int], n_gone: int) -> Callable[[], None]:
         """The constraint at a forward node: ``top`` and the kept of ``gone[:n_gone]``."""
-        def build() -> None:
-            self._fits(top, [(self.g.storages[s].bytes, self.kept[s])
-                             for s in gone[:n_gone] if s in self.kept])
-        return build
+        return lambda: self._fits(top, self._stored(gone[:n_gone]))
+
+    def _stored(self, sids: list[int]) -> list[tuple[int, Any]]:
+        """(bytes, literal) of those of ``sids`` kept from forward or held as a region's input
+        (from forward to backward): alive once their last reader ran."""
+        held: dict[int, list[Any]] = defaultdict(list)
+        for sid, v in self.kept.items():
+            held[sid].append(v)
+        for sid, inp, _ in self.inputs:
+            held[sid].append(inp)
+        return [(self.g.storages[sid].bytes, self._or(held[sid])) for sid in dict.fromkeys(sids)
+                if held.get(sid)]
 
     def _backward(self) -> None:
         """Backward steps (see the module docstring): those whose constant part exceeds every
@@ -574,11 +618,11 @@ class Relaxation:
         for sid, v in self.kept.items():
             if self.first_need.get(sid, -1) > k:
                 lits[sid].append(v)
-        if self.lean and self._up_front:
-            return [(self.g.storages[sid].bytes, self._or(ls)) for sid, ls in lits.items()]
         for sid, inp, until in self.inputs:
             if until >= k and not any(f <= k <= d for f, d in self.windows.get(sid, ())):
                 lits[sid].append(inp)
+        if self.lean and self._up_front:
+            return [(self.g.storages[sid].bytes, self._or(ls)) for sid, ls in lits.items()]
         for sid, x in self.cached_out:
             alive = self._cached_alive(x, k)
             if alive is not None:
@@ -601,11 +645,11 @@ class Relaxation:
         j = bisect.bisect_left(early, i)
         if j < len(early) and early[j] == i:
             return None
-        reach = []  # (at most the nearest `LINK_SPAN` links each: weaker, still valid)
+        reach = []
         if j:
-            reach.append(self._run(max(early[j - 1], i - LINK_SPAN), i))
+            reach.append(self._run(early[j - 1], i))
         if j < len(early):
-            reach.append(self._run(i, min(early[j], i + LINK_SPAN)))
+            reach.append(self._run(i, early[j]))
         if not reach:
             return self.cached[x]
         key2 = (x, tuple(v.Index() for v in reach))
@@ -616,15 +660,30 @@ class Relaxation:
 
     def _run(self, p: int, j: int) -> Any:
         """A literal that implies that nodes p..j (positions, p < j) are linked, each to its
-        predecessor: built on ``_run(p, j - 1)``, so that runs from one node share their
-        prefixes."""
+        predecessor: it implies the literals of the few aligned spans of links (`_span`) that
+        make up links p+1..j, so that a run costs O(log n) however long it is."""
         key = (p, j)
         if key not in self._runs:
             v = self._runs[key] = self.m.NewBoolVar(f"run_{p}_{j}")
-            self.m.AddImplication(v, self.link[j])
-            if j - 1 > p:
-                self.m.AddImplication(v, self._run(p, j - 1))
+            lo, hi = p + 1, j + 1  # links lo .. hi-1
+            while lo < hi:
+                level = 0
+                while lo % (2 << level) == 0 and lo + (2 << level) <= hi:
+                    level += 1
+                self.m.AddImplication(v, self._span(level, lo >> level))
+                lo += 1 << level
         return self._runs[key]
+
+    def _span(self, level: int, k: int) -> Any:
+        """A literal that implies links k*2**level .. (k+1)*2**level - 1 (level 0: the link)."""
+        if level == 0:
+            return self.link[k]
+        key = (level, k)
+        if key not in self._spans:
+            v = self._spans[key] = self.m.NewBoolVar(f"span_{level}_{k}")
+            self.m.AddImplication(v, self._span(level - 1, 2 * k))
+            self.m.AddImplication(v, self._span(level - 1, 2 * k + 1))
+        return self._spans[key]
 
     def _or(self, lits: list[Any]) -> Any:
         if len(lits) == 1:
@@ -682,6 +741,7 @@ class Relaxation:
         solver.parameters.num_workers = len(SUBSOLVERS)
         solver.parameters.subsolvers.extend(SUBSOLVERS)
         solver.parameters.max_time_in_seconds = max(0.05, time_limit_s)
+        solver.parameters.cp_model_probing_level = PROBING
         callback = None
         if on_solution is not None:
             class _Callback(cp_model.CpSolverSolutionCallback):
