@@ -300,3 +300,64 @@ def test_tighten_takes_room_from_the_constraint_it_builds_again() -> None:
     assert rel.tighten([(budget, label)]) == 1 and rel.room == room
     assert not _feasible(rel, [])
     assert rel.tighten([(0, ("nowhere", 0))]) == 0
+
+
+def test_auto_with_time_enough_on_a_far_reading_graph_gives_relax_most_of_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a limit of `LATE_SPLIT_S` or more, cpsat gets its short share first, cpsat_fine
+    nothing, and relax the rest."""
+    from scheduler.solvers import auto as mod
+    from scheduler.synthetic import random_graph
+
+    g = random_graph(320, kind="dag", seed=3)
+    budget = _budget(g, 0.8)
+    limits: dict[str, float | None] = {}
+    real = mod.get_solver
+
+    def spy(name: str):  # (each runs a second at most: what matters is what it was given)
+        fn = real(name)
+        if name in ("cpsat", "cpsat_fine", "relax"):
+            def run(graph, budget, *, time_limit_s=None, **kw):
+                limits[name] = time_limit_s
+                return fn(graph, budget, time_limit_s=1.0, **kw)
+            return run
+        return fn
+
+    monkeypatch.setattr(mod, "get_solver", spy)
+    r = mod.auto(g, budget, time_limit_s=mod.LATE_SPLIT_S)
+    assert list(limits) == ["cpsat", "relax"]
+    assert limits["cpsat"] == pytest.approx(mod.LATE_CPSAT_SHARE * mod.LATE_SPLIT_S)
+    assert limits["relax"] > (1 - mod.LATE_CPSAT_SHARE) * mod.LATE_SPLIT_S - 3.0
+    assert r.status != INFEASIBLE and r.estimate.peak_bytes <= budget
+
+
+def test_repair_makes_a_schedule_fit_by_the_simulator() -> None:
+    """`repair` takes relax's optimum at 70% of the U-Net's peak to a budget 1% lower, where
+    it does not fit: what it returns fits by the simulator; a schedule that fits comes back
+    as it was; below what anything can reach it gives up."""
+    from scheduler.solvers.repair import repair
+
+    g = CostGraph.load(GRAPHS / "unet.json")
+    s = get_solver("relax")(g, _budget(g, 0.7)).schedule
+    est = simulate(g, s)
+    lower = est.peak_bytes - est.peak_bytes // 100
+    fixed = repair(g, s, lower, 30.0)
+    assert fixed is not None
+    after = simulate(g, fixed)
+    assert after.peak_bytes <= lower < est.peak_bytes
+    assert repair(g, s, est.peak_bytes, 30.0).regions == s.regions
+    assert repair(g, s, g.base_bytes, 5.0) is None
+
+
+@pytest.mark.slow
+def test_relax_on_the_large_dag_fits_and_beats_cpsat() -> None:
+    """On the 2,000-node synthetic DAG at 90% of its peak, relax (its rounded schedule
+    repaired) fits, with less recompute than cpsat's in the same time, above its bound."""
+    from scheduler.synthetic import large_dag
+
+    g = large_dag(2000)
+    budget = _budget(g, 0.9)
+    r = get_solver("relax")(g, budget, time_limit_s=30.0)
+    c = get_solver("cpsat")(g, budget, time_limit_s=30.0)
+    assert r.status == FEASIBLE and simulate(g, r.schedule).peak_bytes <= budget
+    assert r.lower_bound_s <= r.estimate.recompute_s < c.estimate.recompute_s

@@ -8,8 +8,9 @@ and, when something fits and there is a time limit, ``cpsat_fine`` (a finer spac
 `FINE_SHARE` of the limit, warm-started from the best so far), and returns the schedule with
 the least recompute time whose simulated peak fits. On graphs whose tensors reach far
 (`bound.far_reads` above `FAR_READS`: more reads than that span over `bound.LINK_SPAN`
-nodes, which make the relaxation slow to solve) ``relax`` runs last instead, with what the
-others leave of the limit.
+nodes, which make the relaxation slow to solve) ``relax`` runs last instead: with what the
+others leave of the limit, or, with a limit of `LATE_SPLIT_S` or more, with all but the
+`LATE_CPSAT_SHARE` that ``cpsat`` gets first.
 
 Its ``space_optimal`` is the chosen solver's; its status and gap are against the best
 full-space bound found for the graph and budget (`base.rebound`): OPTIMAL only where that
@@ -27,7 +28,8 @@ from ..graph import CostGraph
 from .base import INFEASIBLE, OPTIMAL, SolveResult, get_solver, rebound, register
 from .bound import far_reads
 
-__all__ = ["auto", "BASELINES", "FAR_READS", "FINE_SHARE", "LATE_RELAX_S", "RELAX_SHARE"]
+__all__ = ["auto", "BASELINES", "FAR_READS", "FINE_SHARE", "LATE_CPSAT_SHARE", "LATE_RELAX_S",
+           "LATE_SPLIT_S", "RELAX_SHARE"]
 
 #: the share of ``time_limit_s`` auto gives `relax` first (it returns early when it proves its
 #: schedule optimal: on the recorded graphs of up to 140 nodes, mostly in 0.5 to 7 s). On the
@@ -44,6 +46,15 @@ RELAX_SHARE = 0.75
 #: 510 ms. The recorded graphs have 0 to 1.8%
 FAR_READS = 0.05
 LATE_RELAX_S = 2.0
+
+#: there, with a time limit of at least `LATE_SPLIT_S`, `cpsat` gets `LATE_CPSAT_SHARE` of it,
+#: `cpsat_fine` nothing and `relax` the rest: CP-SAT needs 5 to 14 s on 2 cores to solve the
+#: DAG's relaxation (then `repair` makes its rounded schedule fit). At 30 s that gave 33.97,
+#: 168.1 and 850.7 ms at 90, 70 and 50% (gaps 2.8, 2.9 and 56%), where `cpsat` with the whole
+#: limit gives about 130, 420 and 850 ms; at 10 s, 510, 740 and 938 ms (relax had too little
+#: time), so below it the order stays
+LATE_SPLIT_S = 20.0
+LATE_CPSAT_SHARE = 0.25
 
 #: the share of ``time_limit_s`` auto gives `cpsat_fine` after the others (none without a
 #: limit: it rarely proves optimality, so it would not stop)
@@ -69,6 +80,8 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
     baselines = [get_solver(name)(graph, budget_bytes, time_limit_s=time_limit_s)
                  for name in BASELINES]
     late = far_reads(graph) > FAR_READS  # (relax runs last there)
+    # (with time enough, relax gets most of it there, after a short cpsat)
+    split = late and time_limit_s is not None and time_limit_s >= LATE_SPLIT_S
     relaxed = None if late else get_solver("relax")(
         graph, budget_bytes,
         time_limit_s=None if time_limit_s is None else RELAX_SHARE * time_limit_s)
@@ -81,9 +94,10 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
     reserve = 0.0 if time_limit_s is None else FINE_SHARE * time_limit_s
     results.append(get_solver("cpsat")(
         graph, budget_bytes, time_limit_s=None if time_limit_s is None
+        else LATE_CPSAT_SHARE * time_limit_s if split
         else max(1.0, left() - reserve)))  # (it leaves cpsat_fine its share)
     fitting = [r for r in results + baselines if r.status != INFEASIBLE]
-    if time_limit_s is not None and fitting:
+    if time_limit_s is not None and fitting and not split:
         # the finer space, for a share of the limit, from the best so far: seldom proven,
         # often faster schedules
         best = min(fitting, key=lambda r: r.estimate.recompute_s)  # type: ignore[union-attr]

@@ -206,6 +206,7 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
     out), the model is tightened by its overshoot where it broke the budget
     (`Relaxation.tighten`): the next solves give schedules, not bounds."""
     from .base import reaches
+    from .repair import repair
 
     started = time.perf_counter()
     best: tuple[float, Schedule] | None = None
@@ -236,6 +237,16 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
             break
         if last.peak_bytes <= budget_bytes:
             break  # it fits: another solve would start over (with less time), or is done
+        if best is None or best[0] > last.recompute_s:  # repaired, it may do better
+            left = SOLVE_S if time_limit_s is None else \
+                time_limit_s - (time.perf_counter() - started)
+            fixed = repair(graph, found[-1], budget_bytes, left)
+            if fixed is not None:
+                est = simulate(graph, fixed)
+                if best is None or est.recompute_s < best[0]:
+                    best = (est.recompute_s, fixed)
+                    if reaches(best[0], bound):
+                        break
         over = rel.overshoots(last)
         broken = [x for _, x in over if x in rel.pending][:MAX_STEPS]
         if bounds and rel.add(broken):
