@@ -505,8 +505,7 @@ class Relaxation:
     def _inputs(self) -> None:
         """What a replayed node reads: kept, or remade in its region (``chain``: every node
         from the producer linked), or else a region input (``inp``), held until at least the
-        step after which the first node at or after the reader that saves tensors lets go.
-        """
+        step after which the first node at or after the reader that saves tensors lets go."""
         g, m, at, static = self.g, self.m, self.at, self.static
         names, replayed, link = self.names, self.replayed, self.link
         next_saver: list[int | None] = [None] * (len(names) + 1)

@@ -12,11 +12,11 @@ simulator:
 
 Each step takes, among the changes that lower the peak, one that fits if any does (the one
 with the least recompute time), else the one with the least recompute time added per byte
-of peak removed. A step tries the changes no step had (those next to the last change), then the `TOP`
-that did best in the steps before, so that a step costs tens of simulations, not hundreds (the first tries `FIRST` times as many, by a
-prior). It stops when the schedule fits, when no
-change lowers the peak, or at the time limit. Nothing here is a bound: the schedule it
-returns is as good as its simulated recompute time.
+of peak removed. A step tries the changes no step had (those next to the last change), then
+the `TOP` that did best in the steps before, so that a step costs tens of simulations, not
+hundreds (the first tries `FIRST` times as many, in the order of a prior). It stops when the
+schedule fits, when no change lowers the peak, or at the time limit. Nothing here is a
+bound: the schedule it returns is as good as its simulated recompute time.
 """
 
 from __future__ import annotations
