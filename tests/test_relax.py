@@ -156,6 +156,41 @@ def test_lean_relaxation_is_weaker_and_still_below_the_optimum() -> None:
     assert lean <= full.bound * (1 + 1e-9)
 
 
+def _linear_terms(rel: Relaxation) -> int:
+    return sum(len(c.linear.vars) for c in rel.m.Proto().constraints
+               if c.has_linear() and len(c.linear.vars) > 1)
+
+
+def test_chained_memory_constraints_are_the_same_relaxation(monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """Memory constraints as sums that build on each other (`bound.CHAINED`) have the same
+    optimum as each on its own, on small graphs at every budget brute force tells apart and on
+    a recorded graph with the constraints a rounded schedule broke added, in fewer terms."""
+    import scheduler.solvers.bound as bound
+
+    def optimum(g: CostGraph, budget: int, chained: bool, add: list = ()) -> tuple[float, int]:
+        monkeypatch.setattr(bound, "CHAINED", chained)
+        rel = Relaxation(g, budget)
+        rel.add(list(add))
+        lb, proven = rel.solve(30.0)
+        assert proven
+        return lb, _linear_terms(rel)
+
+    checked = 0
+    for seed in range(8):
+        g = _small(seed)
+        for budget in _budgets(_full_space(g)):
+            assert optimum(g, budget, True)[0] == optimum(g, budget, False)[0], (seed, budget)
+            checked += 1
+    assert checked >= 30
+    g = CostGraph.load(GRAPHS / "gpt.json")
+    budget = _budget(g, 0.6)
+    broken = Relaxation(g, budget).violated(simulate(g, Schedule.none(g)))
+    (chained, n_chained), (alone, n_alone) = (optimum(g, budget, c, broken) for c in (True, False))
+    assert chained == alone > 0.0
+    assert n_chained < 0.8 * n_alone, (n_chained, n_alone)
+
+
 def test_auto_returns_relax_s_optimum_at_once() -> None:
     g = CostGraph.load(GRAPHS / "unet.json")
     budget = _budget(g, 0.9)
