@@ -163,14 +163,15 @@ def _linear_terms(rel: Relaxation) -> int:
 
 def test_chained_memory_constraints_are_the_same_relaxation(monkeypatch: pytest.MonkeyPatch
                                                              ) -> None:
-    """Memory constraints as sums that build on each other (`bound.CHAINED`) have the same
-    optimum as each on its own, on small graphs at every budget brute force tells apart and on
-    a recorded graph with the constraints a rounded schedule broke added, in fewer terms."""
+    """A lean relaxation's memory constraints as sums that build on each other
+    (`bound.CHAINED`) have the same optimum as each on its own, on small graphs at every budget
+    brute force tells apart and on a recorded graph with the constraints a rounded schedule
+    broke added, in fewer terms."""
     import scheduler.solvers.bound as bound
 
     def optimum(g: CostGraph, budget: int, chained: bool, add: list = ()) -> tuple[float, int]:
         monkeypatch.setattr(bound, "CHAINED", chained)
-        rel = Relaxation(g, budget)
+        rel = Relaxation(g, budget, lean=True)
         rel.add(list(add))
         lb, proven = rel.solve(30.0)
         assert proven

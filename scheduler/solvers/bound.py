@@ -37,8 +37,9 @@ schedule of the full space maps to values that satisfy:
 Those memory constraints go in lazily: `MAX_STEPS` of each kind up front (evenly spread over
 those no earlier or later one implies), the others when a rounded schedule breaks the budget
 there (`Relaxation.violated`, `Relaxation.add`, `relax_and_round`). Leaving one out only
-weakens the relaxation. Each goes in as a sum built on the largest one before whose terms are
-all among its own (`CHAINED`): consecutive steps hold nearly the same storages.
+weakens the relaxation. In a lean relaxation, each goes in as a sum built on the largest one
+before whose terms are all among its own (`CHAINED`): consecutive steps hold nearly the same
+storages.
 
 The objective is what those replays cost at least (in whole picoseconds, `UNIT_S`, rounded
 down): each replayed node's forward time; the checkpoint's hooks on the tensors saved by each
@@ -118,8 +119,11 @@ LEAN_NODES = 300
 #: the last rounded schedule broke, or tightens it where it broke the budget)
 ROUNDS = 8
 
-#: the share of the time limit the first solve gets (the rest is for solves with the
-#: constraints its rounded schedule broke)
+#: the first solve has the whole time limit, but stops at this share of it when its last
+#: solution rounds to a schedule that breaks the budget: the rest is for `repair` and for
+#: solves with the constraints that schedule broke. One whose schedules fit goes on, to prove
+#: its bound (the 600-node 12-layer HF GPT-2 at 90% of its peak: CP-SAT proves 2.354 ms
+#: optimal in 6 to 10 s, when at all within 10 s)
 FIRST_SHARE = 0.75
 
 #: without a time limit, each solve stops after this long (its bound is valid either way)
@@ -135,11 +139,14 @@ LINK_SPAN = 64
 #: same bound (33.01 ms) at 4.7 s instead of 6.6 s, and recorded graphs solved as fast or faster
 PROBING = 0
 
-#: memory constraints go in as sums that build on each other (`Relaxation._flush`); False:
-#: each on its own. On 2 cores, CP-SAT proved the 2,000-node synthetic DAG's (lean) relaxation
-#: at 90% of its peak in 6.3 to 9.4 s (six runs; each on its own, 8.1 to 11.6 s in four), the
-#: 600-node 12-layer HF GPT-2's at 70% in 3.8 and 3.9 s (6.1 and 4.8 s), and the GPT and U-Net
-#: graphs' at 50% about as fast (1.0 to 4.0 s either way)
+#: a lean relaxation's memory constraints go in as sums that build on each other
+#: (`Relaxation._flush`); False, or not lean: each on its own. On 2 cores, CP-SAT proved the
+#: 2,000-node synthetic DAG's relaxation at 90% of its peak in 6.3 to 9.4 s (six runs; each on
+#: its own, 8.1 to 11.6 s in four), the 600-node 12-layer HF GPT-2's at 70% in 3.8 and 3.9 s
+#: (6.1 and 4.8 s). On the recorded graphs of up to 140 nodes (not lean) it proved the first
+#: solve as fast, but the solves after it, with the (full) constraints a rounded schedule broke,
+#: went slower: within 10 s, `relax` on the GPT graph at 50% answered 11.90 ms in five of six
+#: runs with each on its own, chained 11.99 to 12.01 ms in three of seven (nothing in the rest)
 CHAINED = True
 
 #: a lean relaxation's solve stops once its best solution is within this share of its bound
@@ -231,8 +238,7 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
     bounds = True  # (whether the model still bounds the budget: `Relaxation.tighten`)
     for round_ in range(rounds):
         limit = SOLVE_S if time_limit_s is None else \
-            (time_limit_s - (time.perf_counter() - started)) * (
-                1.0 if round_ or rounds == 1 else FIRST_SHARE)
+            time_limit_s - (time.perf_counter() - started)
         if limit <= 0.05 or time_limit_s is not None and time.perf_counter() - started + \
                 build_s / 2 > time_limit_s:
             break
@@ -242,8 +248,13 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
             return rel.lean and objective - lower <= LEAN_GAP * objective and \
                 simulate(graph, found[-1]).peak_bytes > budget_bytes
 
+        def overshoots() -> bool:  # (see `FIRST_SHARE`)
+            return bool(found) and simulate(graph, found[-1]).peak_bytes > budget_bytes
+
+        first = time_limit_s is not None and not round_ and rounds > 1
         lb, optimum = rel.solve(limit, on_solution=lambda value: found.append(
-            rel.schedule(value)), stop=stop)
+            rel.schedule(value)), stop=stop,
+            check=(FIRST_SHARE * limit, overshoots) if first else None)
         if bounds:
             if lb == math.inf:
                 return Relaxed(math.inf, True, None)
@@ -450,16 +461,18 @@ class Relaxation:
             self._batch.append((self.room - const, merged))
 
     def _flush(self) -> None:
-        """The memory constraints `_fits` collected, as sums that build on each other
-        (`CHAINED`): smallest first, each is the largest one put in before whose terms are
-        all among its own, plus the rest. Consecutive forward nodes and backward steps hold
-        nearly the same storages, so this about halves the terms the model carries (on the
-        2,000-node synthetic DAG, 20,000 instead of 41,000) and CP-SAT solves it sooner."""
+        """The memory constraints `_fits` collected; in a lean relaxation, as sums that build
+        on each other (`CHAINED`): smallest first, each is the largest one put in before whose
+        terms are all among its own, plus the rest. Consecutive forward nodes and backward
+        steps hold nearly the same storages, so this about halves the terms the model carries
+        (on the 2,000-node synthetic DAG, 20,000 instead of 41,000) and CP-SAT solves it
+        sooner."""
         batch, self._batch = self._batch, []
         for cap, merged in sorted(batch, key=lambda t: len(t[1])):
             keys = frozenset((i, b) for i, (b, _) in merged.items())
             base = None
-            if CHAINED:
+            chained = CHAINED and self.lean
+            if chained:
                 for sums in reversed(self._sums):
                     if len(sums[0]) <= len(keys) and sums[0] <= keys and (
                             base is None or len(sums[0]) > len(base[0])):
@@ -471,6 +484,9 @@ class Relaxation:
                 expr = base[1] + expr
             if total <= cap:
                 continue  # (it holds whatever the literals are)
+            if not chained:
+                self.m.Add(expr <= cap)
+                continue
             v = self.m.NewIntVar(0, cap, "")
             self.m.Add(v == expr)
             self._sums.append((keys, v, total))
@@ -798,13 +814,17 @@ class Relaxation:
     # -- solving and rounding ----------------------------------------------------------------
     def solve(self, time_limit_s: float,
               on_solution: Callable[[Callable[[Any], int]], None] | None = None,
-              stop: Callable[[float, float], bool] | None = None
+              stop: Callable[[float, float], bool] | None = None,
+              check: tuple[float, Callable[[], bool]] | None = None
               ) -> tuple[float, bool]:
         """(bound in seconds, whether CP-SAT proved it the relaxation's optimum): ``math.inf``
         when the relaxation is infeasible (nothing fits), 0.0 when CP-SAT found no bound in
         ``time_limit_s``. ``on_solution(value)`` is called with each improving solution
         (``value(literal)`` reads it), then ``stop(objective, bound)`` (seconds): when it says
-        so, CP-SAT stops there."""
+        so, CP-SAT stops there. ``check``: (seconds, says): after that long, CP-SAT stops
+        when ``says()`` is true."""
+        import threading
+
         from ortools.sat.python import cp_model
 
         if self.infeasible:
@@ -828,7 +848,16 @@ class Relaxation:
             self.m.ClearHints()
             for i, v in enumerate(self._hint):
                 self.m.AddHint(self.m.GetIntVarFromProtoIndex(i), v)
-        status = solver.Solve(self.m, callback)
+        timer = None
+        if check is not None:
+            timer = threading.Timer(check[0], lambda: check[1]() and solver.StopSearch())
+            timer.daemon = True
+            timer.start()
+        try:
+            status = solver.Solve(self.m, callback)
+        finally:
+            if timer is not None:
+                timer.cancel()
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             self._hint = list(solver.ResponseProto().solution)
         if status == cp_model.INFEASIBLE:
