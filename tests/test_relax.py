@@ -192,6 +192,23 @@ def test_chained_memory_constraints_are_the_same_relaxation(monkeypatch: pytest.
     assert n_chained < 0.8 * n_alone, (n_chained, n_alone)
 
 
+def test_solve_s_check_stops_cp_sat_only_when_it_says_so() -> None:
+    """`Relaxation.solve`'s ``check`` (how `relax_and_round` stops a first solve whose
+    schedules break the budget): asked once; when it says stop, CP-SAT stops before proving
+    what it proves otherwise."""
+    asked: list[float] = []
+
+    def says(answer: bool):
+        return lambda: asked.append(answer) or answer
+
+    g = CostGraph.load(GRAPHS / "unet.json")
+    lb, proven = Relaxation(g, _budget(g, 0.7)).solve(60.0, check=(0.0, says(False)))
+    assert proven and lb > 0.0 and asked == [False]
+    g = CostGraph.load(GRAPHS / "hf_gpt2_12l.json")  # (its proof takes CP-SAT seconds)
+    lb, proven = Relaxation(g, _budget(g, 0.9)).solve(60.0, check=(0.3, says(True)))
+    assert not proven and asked == [False, True]
+
+
 def test_auto_returns_relax_s_optimum_at_once() -> None:
     g = CostGraph.load(GRAPHS / "unet.json")
     budget = _budget(g, 0.9)
