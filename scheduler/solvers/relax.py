@@ -26,12 +26,12 @@ Running time: that of CP-SAT on the relaxation (O(reads * log nodes) Booleans an
 memory constraints of O(storages) terms each), up to `bound.ROUNDS` times, plus a
 simulation per improving solution. On the recorded graphs of up to 140 nodes it proves most
 budgets optimal within 10 s. On the 600-node 12-layer HF GPT-2 at 70% of its peak it
-proved its schedule optimal in 5 to 6 s; at 90%, within 10 s, its schedules came within 2 to
-7% of the bound it had by then (given 10 s for the first solve, it proved 2.354 ms optimal).
-On the 2,000-node synthetic DAG, whose skip connections reach far, CP-SAT needs 5 to 14 s to
-solve the relaxation (on 2 cores): at 90% of the peak, within 10 s, the repaired schedule
-took 33.89 to 33.97 ms against a bound of 33.02 (`cpsat`: 133 ms); at 70%, 168.0 ms against
-163.2 in two of three runs within 10 s (`bound.LEAN_GAP` leaves `repair` its time).
+proved its schedule optimal in 3 to 4 s; at 90%, within 10 s, it proved 2.354 ms optimal in 7
+of 11 runs (5.3 to 10.1 s; the first solve goes on while its schedules fit,
+`bound.FIRST_SHARE`). On the 2,000-node synthetic DAG, whose skip connections reach far,
+CP-SAT needs 6 to 9 s to solve the relaxation at 90% (on 2 cores): within 10 s the repaired
+schedule took 34.02 to 34.03 ms against a bound of 33.02 (`cpsat`: 134 ms); at 70%, 167.9 to
+168.6 ms against 163.2 (`bound.LEAN_GAP` leaves `repair` its time).
 """
 
 from __future__ import annotations
