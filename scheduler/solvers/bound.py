@@ -123,8 +123,8 @@ ROUNDS = 8
 #: solution rounds to a schedule that breaks the budget: the rest is for `repair` and for
 #: solves with the constraints that schedule broke. One whose schedules fit goes on, to prove
 #: its bound: on the 600-node 12-layer HF GPT-2 at 90% of its peak, `relax` at 10 s proved
-#: 2.354 ms optimal in 7 of 11 runs (5.3 to 10.1 s), in none of 3 when the first solve
-#: stopped at this share regardless
+#: 2.354 ms optimal in 7 of 11 runs (5.3 to 10.1 s), in 3 of 11 when the first solve stopped
+#: at this share regardless
 FIRST_SHARE = 0.75
 
 #: without a time limit, each solve stops after this long (its bound is valid either way)
