@@ -323,3 +323,27 @@ def test_recompute_regions_pay_the_checkpoint_costs(profiled: Any) -> None:
     assert paid == pytest.approx(len(regions) * g.checkpoint_call_s
                                  + saved * g.checkpoint_saved_s, rel=1e-9)
     assert simulate(g, Schedule.none(g)).recompute_s == 0.0
+
+
+def test_simulate_without_the_timeline_gives_the_same_estimate() -> None:
+    """``timeline=False`` (what `greedy` uses for its candidates) changes nothing but the
+    timeline, on random schedules with save sets of random graphs."""
+    from scheduler.synthetic import random_graph
+
+    rng = random.Random(7)
+    for seed in range(6):
+        g = random_graph(30, kind="dag", seed=seed)
+        names = g.compute_nodes
+        for _ in range(5):
+            cuts = sorted(rng.sample(range(1, len(names)), 4))
+            spans, start = [], 0
+            for stop in [*cuts, len(names)]:
+                policy = rng.choice((KEEP, RECOMPUTE))
+                save = [x for x in names[start:stop] if policy == RECOMPUTE and
+                        g.allocates(x) and rng.random() < 0.3]
+                spans.append((start, stop, policy, save))
+                start = stop
+            s = Schedule.from_regions(g, spans)
+            full, lean = simulate(g, s), simulate(g, s, timeline=False)
+            assert full.timeline and lean.timeline == ()
+            assert lean == full  # (every field but the timeline)

@@ -25,7 +25,7 @@ from itertools import groupby
 
 from ..graph import CostGraph
 from ..schedule import KEEP, RECOMPUTE, Schedule
-from ..simulate import _Sim, simulate
+from ..simulate import simulate
 from .base import SolveResult, UnknownSolverError, finish, register
 
 __all__ = ["no_checkpointing", "every_block", "sqrt_segments", "uniform", "greedy", "knapsack",
@@ -138,7 +138,7 @@ def greedy(graph: CostGraph, budget_bytes: int, *,
                 candidates[key] = Schedule.from_cuts(graph, cuts, policies)
     # (without the timeline: half the time, on the 2,000-node synthetic DAG 1.5 s of 60
     # simulations; `finish` simulates the one chosen in full)
-    estimates = [(_Sim(graph, s, timeline=False).run(), s) for s in candidates.values()]
+    estimates = [(simulate(graph, s, timeline=False), s) for s in candidates.values()]
     fitting = [(e, s) for e, s in estimates if e.peak_bytes <= budget_bytes]
     if fitting:
         best = min(fitting, key=lambda es: (es[0].recompute_s, es[0].peak_bytes))[1]
