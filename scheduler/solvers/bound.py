@@ -245,13 +245,19 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
                 build_s / 2 > time_limit_s:
             break
         found: list[Schedule] = []
+        simulated: dict[int, Estimate] = {}  # (by position in found: each simulated once)
+
+        def estimate(i: int) -> Estimate:
+            if i not in simulated:
+                simulated[i] = simulate(graph, found[i])
+            return simulated[i]
 
         def stop(objective: float, lower: float) -> bool:  # (see `LEAN_GAP`)
             return rel.lean and objective - lower <= LEAN_GAP * objective and \
-                simulate(graph, found[-1]).peak_bytes > budget_bytes
+                estimate(len(found) - 1).peak_bytes > budget_bytes
 
         def overshoots() -> bool:  # (see `FIRST_SHARE`)
-            return bool(found) and simulate(graph, found[-1]).peak_bytes > budget_bytes
+            return bool(found) and estimate(len(found) - 1).peak_bytes > budget_bytes
 
         first = time_limit_s is not None and not round_ and rounds > 1
         lb, optimum = rel.solve(limit, on_solution=lambda value: found.append(
@@ -262,8 +268,8 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
                 return Relaxed(math.inf, True, None)
             bound, proven = max(bound, lb), optimum
         last = None
-        for sched in found:
-            last = est = simulate(graph, sched)
+        for i, sched in enumerate(found):
+            last = est = estimate(i)
             if est.peak_bytes <= budget_bytes and (best is None or est.recompute_s < best[0]):
                 best = (est.recompute_s, sched)
         if last is None or (best is not None and reaches(best[0], bound)):
@@ -470,10 +476,10 @@ class Relaxation:
         (on the 2,000-node synthetic DAG, 20,000 instead of 41,000) and CP-SAT solves it
         sooner."""
         batch, self._batch = self._batch, []
+        chained = CHAINED and self.lean
         for cap, merged in sorted(batch, key=lambda t: len(t[1])):
             keys = frozenset((i, b) for i, (b, _) in merged.items())
             base = None
-            chained = CHAINED and self.lean
             if chained:
                 for sums in reversed(self._sums):
                     if len(sums[0]) <= len(keys) and sums[0] <= keys and (
