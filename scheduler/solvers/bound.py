@@ -103,12 +103,19 @@ BOUND_S = 0.8
 MAX_STEPS = 10
 
 #: CP-SAT's workers, one each: the bound comes from the LP-heavy ``max_lp`` (its cuts and
-#: reduced-cost fixing), the schedules mostly from ``quick_restart``. On 2 cores these two
-#: proved the four recorded graphs at 90, 70 and 50% about twice as fast as CP-SAT's default
-#: portfolio of 8 (which time-shares the cores with workers that never move the bound), and
-#: proved the 600-node HF GPT-2's lean relaxation at 90% in 4 to 5 s, where the 8 left a 3% gap
-#: at 10 s; with the default portfolio of 2 (no ``max_lp``), the bound stays trivial for seconds
-SUBSOLVERS = ("max_lp", "quick_restart")
+#: reduced-cost fixing), and ``lb_tree_search`` (a search that explores the node with the least
+#: objective bound first) raises it where ``max_lp``'s cuts stall; schedules come from them and
+#: from CP-SAT's LNS and local-search helpers, which it runs between them. On 2 cores, with
+#: ``quick_restart`` in place of ``lb_tree_search``, `relax` at 10 s proved the 600-node
+#: 12-layer HF GPT-2 at 90% of its peak optimal in 8 of 14 runs (5.0 to 10.1 s) and the GPT
+#: graph at 50% in 2 of 3; with these two, in 9 of 9 (4.8 to 6.6 s) and 6 of 8 (7.3 to
+#: 9.9 s; the other two at its optimum with a 2.3% gap), and `auto` alone proved them in 4 of 4
+#: (3.7 to 5.3 s) and 2 of 2. ``lb_tree_search`` with ``quick_restart`` (no ``max_lp``) proved
+#: neither in 3 and 2 runs. On the four recorded graphs of up to 140 nodes, at 90 and 70% (and
+#: the U-Net at 50%) these two proved each in 0.1 to 1.7 s, as fast as or faster than with
+#: ``quick_restart``, which had proved them about twice as fast as CP-SAT's default portfolio
+#: of 8 (it time-shares the cores with workers that never move the bound)
+SUBSOLVERS = ("max_lp", "lb_tree_search")
 
 #: graphs with more compute nodes than this get a lean `Relaxation` (on the 600-node HF GPT-2
 #: at 90% of its peak, CP-SAT proved the lean one at 2.312 ms in 4.4 s; in 20 s it bounded the
@@ -122,9 +129,9 @@ ROUNDS = 8
 #: the first solve has the whole time limit, but stops at this share of it when its last
 #: solution rounds to a schedule that breaks the budget: the rest is for `repair` and for
 #: solves with the constraints that schedule broke. One whose schedules fit goes on, to prove
-#: its bound: on the 600-node 12-layer HF GPT-2 at 90% of its peak, `relax` at 10 s proved
-#: 2.354 ms optimal in 7 of 11 runs (5.3 to 10.1 s), in 3 of 11 when the first solve stopped
-#: at this share regardless
+#: its bound: on the 600-node 12-layer HF GPT-2 at 90% of its peak, `relax` at 10 s (with
+#: ``quick_restart`` for ``lb_tree_search`` in `SUBSOLVERS`) proved 2.354 ms optimal in 7 of 11
+#: runs (5.3 to 10.1 s), in 3 of 11 when the first solve stopped at this share regardless
 FIRST_SHARE = 0.75
 
 #: without a time limit, each solve stops after this long (its bound is valid either way)
