@@ -38,22 +38,25 @@ __all__ = ["auto", "BASELINES", "FAR_READS", "FINE_SHARE", "LATE_CPSAT_SHARE", "
 #: three quarters 2.37 and 2.40 ms (relax's, gaps of 2.5 and 3.8%)
 RELAX_SHARE = 0.75
 
-#: above this share of far reads (`bound.far_reads`), `relax` runs last, with what the others
-#: leave (when that is more than `LATE_RELAX_S`), for its bound. The 2,000-node synthetic DAG has
-#: 21% (its skip connections start anywhere earlier): CP-SAT took 5 to 12 s to prove its
-#: relaxation at 90% (33.0 ms, where `cpsat`'s schedules take 133 ms), and its rounded
-#: schedules broke the budget; relax first left `cpsat` so little time that auto answered
-#: 510 ms. The recorded graphs have 0 to 1.8%
+#: above this share of far reads (`bound.far_reads`), `relax` runs after `cpsat`: below
+#: `LATE_SPLIT_S`, last, with what the others leave (when that is more than `LATE_RELAX_S`),
+#: for its bound. The 2,000-node synthetic DAG has 21% (its skip connections start anywhere
+#: earlier): CP-SAT needs 5 to 10 s to solve its relaxation at 90% (33.0 ms), its rounded
+#: schedules break the budget and `repair` makes them fit. With relax first, at 10 s auto
+#: answered 34.03, 168.0 and 947.6 ms at 90, 70 and 50% in 10.6 to 11.2 s (`cpsat`, after it,
+#: had its minimum of 1 s: nothing better than a baseline at 50%). The recorded graphs have 0
+#: to 1.8%
 FAR_READS = 0.05
 LATE_RELAX_S = 2.0
 
 #: there, with a time limit of at least `LATE_SPLIT_S`, `cpsat` gets `LATE_CPSAT_SHARE` of it,
-#: `cpsat_fine` nothing and `relax` the rest: CP-SAT needs 5 to 14 s on 2 cores to solve the
-#: DAG's relaxation (then `repair` makes its rounded schedule fit). At 30 s that gave 33.97,
-#: 168.1 and 850.7 ms at 90, 70 and 50% (gaps 2.8, 2.9 and 56%), where `cpsat` with the whole
-#: limit gives about 130, 420 and 850 ms; at 10 s, 510, 740 and 938 ms (relax had too little
-#: time), so below it the order stays
-LATE_SPLIT_S = 20.0
+#: `cpsat_fine` nothing and `relax` the rest. At 10 s (on 2 cores, four runs) that gave 33.96
+#: to 34.03, 167.9 to 169.5 and 829 to 938 ms at 90, 70 and 50%, where `cpsat` first and `relax`
+#: with what was left (nothing) gave 126 to 147, 438 to 443 and 826 to 918 ms, and `cpsat` alone
+#: with the whole 10 s 123 to 137, 421 to 444 and 790 to 851 ms. (Before `bound.SUBSOLVERS` had
+#: ``lb_tree_search``, `relax` with three quarters of 10 s did not fit at 70%: the split then
+#: began at 20 s.) At 30 s (the last build) it gave 33.97, 168.1 and 850.7 ms
+LATE_SPLIT_S = 10.0
 LATE_CPSAT_SHARE = 0.25
 
 #: the share of ``time_limit_s`` auto gives `cpsat_fine` after the others (none without a

@@ -108,7 +108,7 @@ MAX_STEPS = 10
 #: from CP-SAT's LNS and local-search helpers, which it runs between them. On 2 cores, with
 #: ``quick_restart`` in place of ``lb_tree_search``, `relax` at 10 s proved the 600-node
 #: 12-layer HF GPT-2 at 90% of its peak optimal in 8 of 14 runs (5.0 to 10.1 s) and the GPT
-#: graph at 50% in 2 of 3; with these two, in 9 of 9 (4.8 to 6.6 s) and 6 of 8 (7.3 to
+#: graph at 50% in 2 of 3; with these two, in 10 of 10 (4.8 to 7.0 s) and 7 of 9 (7.3 to
 #: 9.9 s; the other two at its optimum with a 2.3% gap), and `auto` alone proved them in 4 of 4
 #: (3.7 to 5.3 s) and 2 of 2. ``lb_tree_search`` with ``quick_restart`` (no ``max_lp``) proved
 #: neither in 3 and 2 runs. On the four recorded graphs of up to 140 nodes, at 90 and 70% (and

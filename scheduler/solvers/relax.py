@@ -23,14 +23,14 @@ rounding of the objective), else FEASIBLE with the gap to it. A better bound tha
 budget are judged against it too.
 
 Running time: that of CP-SAT on the relaxation (O(reads * log nodes) Booleans and clauses,
-memory constraints of O(storages) terms each), up to `bound.ROUNDS` times, plus a
-simulation per improving solution. On the recorded graphs of up to 140 nodes it proves most
-budgets optimal within 10 s. On the 600-node 12-layer HF GPT-2 at 70% of its peak it
-proved its schedule optimal in 2.3 to 3.4 s; at 90%, within 10 s, it proved 2.354 ms optimal
-in 9 of 9 runs (4.8 to 6.6 s; the first solve goes on while its schedules fit,
-`bound.FIRST_SHARE`; `bound.SUBSOLVERS`). On the 2,000-node synthetic DAG, whose skip connections reach far,
-CP-SAT needs 6 to 9 s to solve the relaxation at 90% (on 2 cores): within 10 s the repaired
-schedule took 34.02 to 34.03 ms against a bound of 33.02 (`cpsat`: 134 ms); at 70%, 167.9 to
+memory constraints of O(storages) terms each), up to `bound.ROUNDS` times, plus a simulation
+per improving solution. On the recorded graphs of up to 140 nodes it proves most budgets
+optimal within 10 s. On the 600-node 12-layer HF GPT-2 at 70% of its peak it proved its
+schedule optimal in 2.3 to 3.4 s; at 90%, within 10 s, it proved 2.354 ms optimal in 10 of 10
+runs (4.8 to 7.0 s; the first solve goes on while its schedules fit, `bound.FIRST_SHARE`;
+`bound.SUBSOLVERS`). On the 2,000-node synthetic DAG, whose skip connections reach far, CP-SAT
+needs 6 to 9 s to solve the relaxation at 90% (on 2 cores): within 10 s the repaired schedule
+took 33.98 to 34.03 ms against a bound of 33.02 (`cpsat`: 123 to 137 ms); at 70%, 167.9 to
 168.6 ms against 163.2 (`bound.LEAN_GAP` leaves `repair` its time).
 """
 
