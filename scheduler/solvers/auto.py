@@ -29,7 +29,7 @@ from .base import INFEASIBLE, OPTIMAL, SolveResult, get_solver, rebound, registe
 from .bound import far_reads
 
 __all__ = ["auto", "BASELINES", "FAR_READS", "FINE_SHARE", "LATE_CPSAT_SHARE", "LATE_RELAX_S",
-           "LATE_SPLIT_S", "RELAX_SHARE"]
+           "LATE_SPLIT_S", "MIN_SOLVE_S", "RELAX_SHARE"]
 
 #: the share of ``time_limit_s`` auto gives `relax` first (it returns early when it proves its
 #: schedule optimal: on the recorded graphs of up to 140 nodes, mostly in 0.5 to 7 s). On the
@@ -63,6 +63,10 @@ LATE_CPSAT_SHARE = 0.25
 #: limit: it rarely proves optimality, so it would not stop)
 FINE_SHARE = 0.2
 
+#: with a time limit, `cpsat` and `cpsat_fine` run only with this much of it left (`cpsat`
+#: with less when nothing fits yet: for this long), so that auto keeps to the limit
+MIN_SOLVE_S = 0.5
+
 #: baselines auto also tries, by name
 BASELINES = ("every_block", "sqrt", "uniform:2", "uniform:4", "greedy", "knapsack")
 
@@ -74,9 +78,9 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
     docstring)."""
     started = time.perf_counter()
 
-    def left() -> float:  # what the others leave of the limit (1 s at least)
+    def left() -> float:  # what the others leave of the limit
         assert time_limit_s is not None
-        return max(1.0, time_limit_s - (time.perf_counter() - started))
+        return time_limit_s - (time.perf_counter() - started)
 
     # the baselines run first (seconds at most, on thousands of nodes), so that the time
     # limit covers them; the list keeps dp first, so that dp wins a tie with a baseline
@@ -95,12 +99,15 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
     if relaxed is not None:
         results.append(relaxed)
     reserve = 0.0 if time_limit_s is None else FINE_SHARE * time_limit_s
-    results.append(get_solver("cpsat")(
-        graph, budget_bytes, time_limit_s=None if time_limit_s is None
-        else LATE_CPSAT_SHARE * time_limit_s if split
-        else max(1.0, left() - reserve)))  # (it leaves cpsat_fine its share)
     fitting = [r for r in results + baselines if r.status != INFEASIBLE]
-    if time_limit_s is not None and fitting and not split:
+    if time_limit_s is None or split or left() >= MIN_SOLVE_S or not fitting:
+        # (with nothing that fits yet, it runs however little time is left: MIN_SOLVE_S)
+        results.append(get_solver("cpsat")(
+            graph, budget_bytes, time_limit_s=None if time_limit_s is None
+            else LATE_CPSAT_SHARE * time_limit_s if split
+            else max(MIN_SOLVE_S, left() - reserve)))  # (it leaves cpsat_fine its share)
+    fitting = [r for r in results + baselines if r.status != INFEASIBLE]
+    if time_limit_s is not None and fitting and not split and left() >= MIN_SOLVE_S:
         # the finer space, for a share of the limit, from the best so far: seldom proven,
         # often faster schedules
         best = min(fitting, key=lambda r: r.estimate.recompute_s)  # type: ignore[union-attr]

@@ -112,7 +112,8 @@ def get_solver(name: str) -> Callable[..., SolveResult]:
 
 def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, solver: str,
            started: float, status: str | None = None, lower_bound_s: float | None = None,
-           min_feasible_bytes: int | None = None, full_space: bool = False) -> SolveResult:
+           min_feasible_bytes: int | None = None, full_space: bool = False,
+           deadline: float | None = None) -> SolveResult:
     """Build a `SolveResult`: simulate the schedule, decide FEASIBLE/INFEASIBLE from the
     simulated peak unless ``status`` is given, and stamp the schedule with the solver's name,
     status, gap and budget.
@@ -123,6 +124,9 @@ def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, so
     ``space_bound_s``, and the result's status and gap are decided against
     `bound.full_space_bound`: OPTIMAL only when the schedule's recompute time reaches that
     bound (within a millionth, the picosecond rounding of the bound's objective).
+    ``deadline`` (a `time.perf_counter` value): the solver's time limit, which that bound's
+    solve keeps to (`full_space_bound` gets at most `bound.BOUND_S`, and what is left of the
+    limit; with none left and none remembered, the result has no bound).
     """
     est = simulate(graph, schedule) if schedule is not None else None
     claimed = status
@@ -135,12 +139,12 @@ def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, so
     space_optimal = claimed == OPTIMAL
     space_bound = lower_bound_s
     if claimed is not None and status != INFEASIBLE and not full_space:
-        from .bound import BoundWarning, full_space_bound
+        from .bound import BoundWarning
 
         assert est is not None
-        lower_bound_s = full_space_bound(graph, budget_bytes)
+        lower_bound_s = _full_bound(graph, budget_bytes, deadline)
         status = FEASIBLE
-        if above(lower_bound_s, est.recompute_s):
+        if lower_bound_s is not None and above(lower_bound_s, est.recompute_s):
             warnings.warn(
                 f"the full-space bound {lower_bound_s} s exceeds the recompute time "
                 f"{est.recompute_s} s of {solver!r}'s schedule, which fits the budget "
@@ -148,7 +152,7 @@ def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, so
                 "the result carries no bound. Please report it with the graph's JSON",
                 BoundWarning, stacklevel=2)
             lower_bound_s = None
-        elif reaches(est.recompute_s, lower_bound_s):
+        elif lower_bound_s is not None and reaches(est.recompute_s, lower_bound_s):
             status = OPTIMAL
     gap = None
     if est is not None and lower_bound_s is not None and status != INFEASIBLE:
@@ -167,6 +171,24 @@ def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, so
                        min_feasible_bytes=min_feasible_bytes if status == INFEASIBLE else None,
                        space_optimal=space_optimal and status != INFEASIBLE,
                        space_bound_s=space_bound)
+
+
+#: `finish` does not start a bound's solve with less time than this left before its deadline
+MIN_BOUND_S = 0.05
+
+
+def _full_bound(graph: CostGraph, budget_bytes: int, deadline: float | None) -> float | None:
+    """`bound.full_space_bound`, within ``deadline`` when there is one (None: no time left and
+    none remembered)."""
+    from .bound import BOUND_S, full_space_bound, remembered_bound
+
+    known = remembered_bound(graph, budget_bytes)
+    if known is not None or deadline is None:
+        return full_space_bound(graph, budget_bytes) if known is None else known
+    left = min(BOUND_S, deadline - time.perf_counter())
+    if left < MIN_BOUND_S:
+        return None
+    return full_space_bound(graph, budget_bytes, time_limit_s=left)
 
 
 def reaches(recompute_s: float, bound_s: float) -> bool:

@@ -245,12 +245,21 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
     rel = Relaxation(graph, budget_bytes)
     build_s = time.perf_counter() - started
     bounds = True  # (whether the model still bounds the budget: `Relaxation.tighten`)
+
+    # each solve leaves half the model's build time (which grows with the graph, as
+    # simulating its schedules does) for what comes after it within the limit; another starts
+    # only with as much again for itself
+    margin = build_s / 2
+
+    def no_time() -> bool:
+        return time_limit_s is not None and (
+            time.perf_counter() - started + max(0.1, 2 * margin) > time_limit_s)
+
     for round_ in range(rounds):
-        limit = SOLVE_S if time_limit_s is None else \
-            time_limit_s - (time.perf_counter() - started)
-        if limit <= 0.05 or time_limit_s is not None and time.perf_counter() - started + \
-                build_s / 2 > time_limit_s:
+        if no_time():
             break
+        limit = SOLVE_S if time_limit_s is None else \
+            time_limit_s - (time.perf_counter() - started) - margin
         found: list[Schedule] = []
         simulated: dict[int, Estimate] = {}  # (by position in found: each simulated once)
 
@@ -285,7 +294,7 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
             break  # it fits: another solve would start over (with less time), or is done
         if best is None or best[0] > last.recompute_s:  # repaired, it may do better
             left = SOLVE_S if time_limit_s is None else \
-                time_limit_s - (time.perf_counter() - started)
+                time_limit_s - (time.perf_counter() - started) - margin
             fixed = repair(graph, found[-1], budget_bytes, left)
             if fixed is not None:
                 est = simulate(graph, fixed)
@@ -293,6 +302,8 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
                     best = (est.recompute_s, fixed)
                     if reaches(best[0], bound):
                         break
+        if no_time():
+            break
         over = rel.overshoots(last)
         broken = [x for _, x in over if x in rel.pending][:MAX_STEPS]
         if bounds and rel.add(broken):

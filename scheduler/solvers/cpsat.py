@@ -737,20 +737,30 @@ def cpsat_fine(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | Non
                   "a boundary after any node that saves tensors (cpsat_fine)", warm)
 
 
+#: with a time limit, and no full-space bound remembered for the graph and budget, the search
+#: stops early enough for `finish`'s bound solve (`bound.BOUND_S`, but at most this share of
+#: the limit) to fit within it
+BOUND_SHARE = 0.1
+
+
 def _cpsat(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
            points: list[int], name: str, space: str, given: Schedule | None = None
            ) -> SolveResult:
+    from .bound import BOUND_S, remembered_bound
+
     started = time.perf_counter()
-    deadline = None if time_limit_s is None else started + time_limit_s
+    deadline = search_until = None if time_limit_s is None else started + time_limit_s
+    if time_limit_s is not None and remembered_bound(graph, budget_bytes) is None:
+        search_until = started + time_limit_s - min(BOUND_S, BOUND_SHARE * time_limit_s)
     warm_result = _warm_start(graph, budget_bytes, given)
     warm = None if warm_result is None else warm_result.schedule
-    status, sched, bound = _solve_lazy(graph, points, budget_bytes, deadline, warm)
+    status, sched, bound = _solve_lazy(graph, points, budget_bytes, search_until, warm)
     if sched is not None:
         sched = replace(sched, meta={**sched.meta, "space": space})
     if status == INFEASIBLE:  # proven: nothing in the space fits
         if warm is not None:  # ... but a baseline off the points does
             return finish(graph, budget_bytes, warm, solver=name, started=started,
-                          status=FEASIBLE)
+                          status=FEASIBLE, deadline=deadline)
         return finish(graph, budget_bytes, None, solver=name, started=started,
                       status=INFEASIBLE,
                       min_feasible_bytes=_min_feasible(graph, points, deadline))
@@ -761,9 +771,9 @@ def _cpsat(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
             sched is None or warm_s < simulate(graph, sched).recompute_s):
         # out of time before finding a schedule that fits, or one that beats the warm start
         return finish(graph, budget_bytes, warm, solver=name, started=started,
-                      status=FEASIBLE, lower_bound_s=bound)
+                      status=FEASIBLE, lower_bound_s=bound, deadline=deadline)
     if sched is None:
         return finish(graph, budget_bytes, None, solver=name, started=started,
                       status=INFEASIBLE)
     return finish(graph, budget_bytes, sched, solver=name, started=started,
-                  status=status, lower_bound_s=bound)
+                  status=status, lower_bound_s=bound, deadline=deadline)

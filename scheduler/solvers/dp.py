@@ -317,5 +317,6 @@ def dp(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
         result.estimate.peak_bytes == composed_peak
     if proven:
         result = finish(graph, budget_bytes, schedule, solver="dp", started=started,
-                        status=OPTIMAL, lower_bound_s=t)
+                        status=OPTIMAL, lower_bound_s=t,
+                        deadline=None if time_limit_s is None else started + time_limit_s)
     return result
