@@ -286,7 +286,9 @@ def _print_plan(plan: Any, out: Path) -> None:
     elif space:
         table.add_row("searched", space)
     gap = "n/a" if plan.gap is None else f"{plan.gap:.2%}"
-    if plan.gap is not None and plan.gap >= 1.0:
+    if plan.gap is None and plan.status == "FEASIBLE":
+        gap += " (no lower bound)"
+    elif plan.gap is not None and plan.gap >= 1.0:
         gap += " (no lower bound proven)"
     elif plan.gap:
         gap += " (to the full space's lower bound)"

@@ -185,6 +185,8 @@ def test_apply_missing_or_bad_schedule_is_one_line(factory, tmp_path):
 @pytest.mark.parametrize("status,space_optimal,gap,shown,hidden", [
     ("FEASIBLE", False, 1.0, ["searched", "every position", "100.00% (no lower bound proven)"],
      ["optimal over", "full schedule space"]),
+    ("FEASIBLE", False, None, ["searched", "n/a (no lower bound)"],
+     ["optimal over", "no lower bound proven"]),
     ("FEASIBLE", False, 0.25, ["searched", "25.00% (to the full space's lower bound)"],
      ["no lower bound proven", "optimal over"]),
     ("FEASIBLE", True, 0.25, ["optimal over", "every position", "25.00%"],
@@ -197,7 +199,7 @@ def test_solve_table_names_the_space_and_an_unproven_bound(capsys, status, space
                                                            shown, hidden):
     """The printed plan names the space searched (optimal over it, when proven there but not
     over the full space), the gap as one to the full space's bound, and says when no lower
-    bound was proven (gap 100%) instead of a bare 100%."""
+    bound was proven (gap 100%) instead of a bare 100%, or none was solved in time (None)."""
     from types import SimpleNamespace
 
     from scheduler.cli import _print_plan
