@@ -414,3 +414,29 @@ def test_relax_on_the_large_dag_fits_and_beats_cpsat() -> None:
     c = get_solver("cpsat")(g, budget, time_limit_s=30.0)
     assert r.status == FEASIBLE and simulate(g, r.schedule).peak_bytes <= budget
     assert r.lower_bound_s <= r.estimate.recompute_s < c.estimate.recompute_s
+
+
+def test_a_lean_relaxation_takes_in_the_most_broken_constraint_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After its first solve, a lean relaxation takes in `LEAN_ADD` of the left-out memory
+    constraints its rounded schedule broke (no replay-burst one), then up to `MAX_STEPS` a
+    solve; what it answers fits, above its bound."""
+    from scheduler.solvers import bound as mod
+    from scheduler.synthetic import random_graph
+
+    g = random_graph(320, kind="dag", seed=3)  # (lean; its first schedule breaks the budget)
+    budget = _budget(g, 0.9)
+    added: list[list[tuple[str, int]]] = []
+    real = mod.Relaxation.add
+
+    def spy(self, labels):
+        added.append(list(labels))
+        return real(self, labels)
+
+    monkeypatch.setattr(mod.Relaxation, "add", spy)
+    got = relax_and_round(g, budget, 4.0)
+    later = added[2:]  # (the first two: the forward and backward ones made up front)
+    assert later and len(later[0]) == mod.LEAN_ADD and later[0][0][0] != "burst"
+    assert all(len(labels) <= mod.MAX_STEPS for labels in later)
+    est = simulate(g, got.schedule)
+    assert est.peak_bytes <= budget and got.bound <= est.recompute_s == got.recompute_s

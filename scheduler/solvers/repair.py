@@ -67,7 +67,7 @@ def repair(graph: CostGraph, schedule: Schedule, budget_bytes: int, time_limit_s
         seen.update(moves)
         best: tuple[tuple[bool, float], list[_Span], int, float] | None = None
         for key in tried:
-            if time.perf_counter() > deadline and best is not None:
+            if time.perf_counter() > deadline:
                 break
             p, r = _simulate(graph, moves[key])
             if p >= peak:
