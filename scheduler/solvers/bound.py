@@ -165,13 +165,14 @@ CHAINED = True
 LEAN_GAP = 0.005
 
 
-#: after each solve, a lean relaxation takes in only this many of the memory constraints its
-#: rounded schedule broke that it left out (the most broken first, no replay-burst ones), where
-#: a full one takes up to `MAX_STEPS`: each holds everything (cached outputs too), and the
-#: next solve is slower for each. On the 2,000-node synthetic DAG at 90% of its peak, within
-#: 10 s, one (backward step 4) raised the bound from 33.02 to 33.55 ms in two runs of three
-#: (its relaxation's optimum, 33.65 ms, took CP-SAT 12 to 28 s from scratch); ten, with their
-#: bursts, left the next solve below 33.0 ms
+#: after its first solve, a lean relaxation takes in only this many of the memory constraints
+#: its rounded schedule broke that it left out (the most broken first, no replay-burst ones);
+#: later solves, and full relaxations, up to `MAX_STEPS`. Each holds everything (cached
+#: outputs too), and the next solve is slower for each: on the 2,000-node synthetic DAG at
+#: 90% of its peak, within 10 s, one (backward step 4) raised the bound from 33.02 to 33.55 ms
+#: in 11 runs of 12 (that relaxation's optimum, 33.65 ms, took CP-SAT 12 to 28 s from
+#: scratch), three or ten left it at 33.02. One in every solve left 320-node DAGs short of
+#: solves (at 90%, 8.76 ms against 6.32 with ten; this way 5.78)
 LEAN_ADD = 1
 
 
