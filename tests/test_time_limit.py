@@ -139,3 +139,22 @@ def test_auto_starts_no_cpsat_with_too_little_time_left(monkeypatch: pytest.Monk
     r = mod.auto(g, budget, time_limit_s=limit)
     assert calls.index("cpsat") > calls.index("relax") and "cpsat_fine" not in calls
     assert r.solver == "cpsat" and r.estimate.peak_bytes <= budget
+
+
+def test_a_bound_solved_in_less_time_is_solved_again_with_more() -> None:
+    """`full_space_bound` remembers the time each bound had: asked with more, it solves again
+    (and keeps the better); asked with less, or after `relax` remembered one, it does not."""
+    from scheduler.solvers.bound import full_space_bound, relax_and_round, remember_bound
+
+    g, budget = _graph_and_budget("gpt", 0.7)
+    assert full_space_bound(g, budget, time_limit_s=0.01) == 0.0  # (no time to build it)
+    assert remembered_bound(g, budget) == 0.0
+    timely = full_space_bound(g, budget)
+    assert full_space_bound(g, budget, time_limit_s=0.01) == timely  # (remembered)
+    g, budget = _graph_and_budget("gpt", 0.7)
+    assert 0.0 < timely <= get_solver("relax")(g, budget).estimate.recompute_s
+    g, budget = _graph_and_budget("gpt", 0.7)
+    assert remember_bound(g, budget, 0.0) == 0.0 and remembered_bound(g, budget) is None
+    better = relax_and_round(g, budget, 30.0).bound
+    assert remember_bound(g, budget, better) == better >= timely
+    assert full_space_bound(g, budget, time_limit_s=60.0) == better  # (relax's: not again)

@@ -182,12 +182,11 @@ def _full_bound(graph: CostGraph, budget_bytes: int, deadline: float | None) -> 
     none remembered)."""
     from .bound import BOUND_S, full_space_bound, remembered_bound
 
-    known = remembered_bound(graph, budget_bytes)
-    if known is not None or deadline is None:
-        return full_space_bound(graph, budget_bytes) if known is None else known
+    if deadline is None:
+        return full_space_bound(graph, budget_bytes)
     left = min(BOUND_S, deadline - time.perf_counter())
     if left < MIN_BOUND_S:
-        return None
+        return remembered_bound(graph, budget_bytes)
     return full_space_bound(graph, budget_bytes, time_limit_s=left)
 
 

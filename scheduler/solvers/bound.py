@@ -200,10 +200,15 @@ def full_space_bound(graph: CostGraph, budget_bytes: int, *, time_limit_s: float
     """A proven lower bound, in seconds, on the recompute time of every schedule of the full
     space whose simulated peak fits ``budget_bytes``; ``math.inf`` when it proves that none
     fits; 0.0 when CP-SAT finds no bound in ``time_limit_s``. Remembered per graph and
-    budget (a better bound found later, by `relax`, replaces it)."""
-    memo = _Static.of(graph).full_bounds
-    if budget_bytes not in memo:
-        memo[budget_bytes] = _solve(graph, budget_bytes, time_limit_s)
+    budget (a better bound found later, by `relax`, replaces it); one solved with less time
+    than ``time_limit_s`` is solved again, and the better kept."""
+    static = _Static.of(graph)
+    memo, spent = static.full_bounds, static.full_bound_s
+    if budget_bytes not in memo or (
+            memo[budget_bytes] < math.inf and spent.get(budget_bytes, math.inf) < time_limit_s):
+        memo[budget_bytes] = max(memo.get(budget_bytes, 0.0),
+                                 _solve(graph, budget_bytes, time_limit_s))
+        spent[budget_bytes] = time_limit_s
     return memo[budget_bytes]
 
 
@@ -215,9 +220,13 @@ def remembered_bound(graph: CostGraph, budget_bytes: int) -> float | None:
 def remember_bound(graph: CostGraph, budget_bytes: int, bound: float) -> float:
     """Keep ``bound`` for `full_space_bound` when it beats the one remembered; returns the
     best."""
-    memo = _Static.of(graph).full_bounds
-    memo[budget_bytes] = max(bound, memo.get(budget_bytes, 0.0))
-    return memo[budget_bytes]
+    static = _Static.of(graph)
+    memo = static.full_bounds
+    if bound <= memo.get(budget_bytes, 0.0):
+        return memo.get(budget_bytes, 0.0)  # (no bound at all is not remembered)
+    static.full_bound_s.pop(budget_bytes, None)  # (`full_space_bound` solves it no more)
+    memo[budget_bytes] = bound
+    return bound
 
 
 def _solve(graph: CostGraph, budget: int, time_limit_s: float) -> float:
