@@ -47,7 +47,8 @@ def test_finish_solves_no_bound_past_its_deadline_and_uses_one_remembered() -> N
 def test_cpsat_ends_its_search_in_time_for_the_bound(name: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """With no bound remembered, the search stops `BOUND_SHARE` of the limit (at most
-    `bound.BOUND_S`) before it, so that `finish`'s bound solve fits; with one, at the limit."""
+    `bound.BOUND_S`) before it, so that `finish`'s bound solve fits; with one, at the limit.
+    (`cpsat_fine` is given a schedule to start from, so that it runs no `cpsat` first.)"""
     from scheduler.solvers import cpsat as mod
 
     searches: list[tuple[float, float | None]] = []
@@ -59,9 +60,10 @@ def test_cpsat_ends_its_search_in_time_for_the_bound(name: str,
 
     monkeypatch.setattr(mod, "_solve_lazy", spy)
     g, budget = _graph_and_budget("unet", 0.7)
+    kw = {"warm": get_solver("every_block")(g, budget).schedule} if name == "cpsat_fine" else {}
     limit = 3.0
     before = time.perf_counter()
-    r = get_solver(name)(g, budget, time_limit_s=limit)
+    r = get_solver(name)(g, budget, time_limit_s=limit, **kw)
     (at, until), = searches
     assert r.status != INFEASIBLE and r.lower_bound_s is not None
     # (the solver started between ``before`` and the search, ``at``)
@@ -69,7 +71,7 @@ def test_cpsat_ends_its_search_in_time_for_the_bound(name: str,
     assert until < at + limit - min(BOUND_S, mod.BOUND_SHARE * limit)
     searches.clear()
     before = time.perf_counter()
-    get_solver(name)(g, budget, time_limit_s=limit)  # (the bound is remembered now)
+    get_solver(name)(g, budget, time_limit_s=limit, **kw)  # (the bound is remembered now)
     (at, until), = searches
     assert before + limit < until < at + limit
 
@@ -158,3 +160,32 @@ def test_a_bound_solved_in_less_time_is_solved_again_with_more() -> None:
     better = relax_and_round(g, budget, 30.0).bound
     assert remember_bound(g, budget, better) == better >= timely
     assert full_space_bound(g, budget, time_limit_s=60.0) == better  # (relax's: not again)
+
+
+def test_cpsat_fine_alone_starts_from_cpsat_within_its_limit(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """Without a schedule to start from, `cpsat_fine` runs `cpsat` for `FINE_WARM_SHARE` of its
+    limit and answers no worse; its solve time counts both; given one (as `auto` does), it
+    does not."""
+    from scheduler.solvers import cpsat as mod
+
+    firsts: list[tuple[float | None, object]] = []
+    real = mod.cpsat
+
+    def spy(graph, budget, *, time_limit_s=None):
+        r = real(graph, budget, time_limit_s=time_limit_s)
+        firsts.append((time_limit_s, r))
+        return r
+
+    monkeypatch.setattr(mod, "cpsat", spy)
+    g, budget = _graph_and_budget("gpt", 0.7)
+    limit = 2.0
+    r = mod.cpsat_fine(g, budget, time_limit_s=limit)
+    (given, first), = firsts
+    assert given == pytest.approx(mod.FINE_WARM_SHARE * limit)
+    assert r.status != INFEASIBLE and r.estimate.peak_bytes <= budget
+    assert r.estimate.recompute_s <= first.estimate.recompute_s
+    assert r.solve_s >= first.solve_s
+    firsts.clear()
+    mod.cpsat_fine(g, budget, time_limit_s=limit, warm=first.schedule)
+    assert not firsts
