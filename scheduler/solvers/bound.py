@@ -276,11 +276,14 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
         return time_limit_s is not None and (
             time.perf_counter() - started + max(0.1, 2 * margin) > time_limit_s)
 
+    def time_left() -> float:  # (for a solve or `repair`: the limit's rest but the margin)
+        return SOLVE_S if time_limit_s is None else \
+            time_limit_s - (time.perf_counter() - started) - margin
+
     for round_ in range(rounds):
         if no_time():
             break
-        limit = SOLVE_S if time_limit_s is None else \
-            time_limit_s - (time.perf_counter() - started) - margin
+        limit = time_left()
         found: list[Schedule] = []
         simulated: dict[int, Estimate] = {}  # (by position in found: each simulated once)
 
@@ -314,8 +317,7 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
         if last.peak_bytes <= budget_bytes:
             break  # it fits: another solve would start over (with less time), or is done
         if best is None or best[0] > last.recompute_s:  # repaired, it may do better
-            left = SOLVE_S if time_limit_s is None else \
-                time_limit_s - (time.perf_counter() - started) - margin
+            left = time_left()
             fixed = repair(graph, found[-1], budget_bytes, left) if left > 0 else None
             if fixed is not None:
                 est = simulate(graph, fixed)
