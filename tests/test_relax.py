@@ -192,21 +192,22 @@ def test_chained_memory_constraints_are_the_same_relaxation(monkeypatch: pytest.
     assert n_chained < 0.8 * n_alone, (n_chained, n_alone)
 
 
-def test_solve_s_check_stops_cp_sat_only_when_it_says_so() -> None:
-    """`Relaxation.solve`'s ``check`` (how `relax_and_round` stops a first solve whose
-    schedules break the budget): asked once; when it says stop, CP-SAT stops before proving
-    what it proves otherwise."""
+def test_solve_s_checks_stop_cp_sat_only_when_one_says_so() -> None:
+    """`Relaxation.solve`'s ``checks`` (how `relax_and_round` stops a first solve whose
+    schedules break the budget): each asked once, at its time; when one says stop, CP-SAT
+    stops before proving what it proves otherwise."""
     asked: list[float] = []
 
     def says(answer: bool):
         return lambda: asked.append(answer) or answer
 
     g = CostGraph.load(GRAPHS / "unet.json")
-    lb, proven = Relaxation(g, _budget(g, 0.7)).solve(60.0, check=(0.0, says(False)))
+    lb, proven = Relaxation(g, _budget(g, 0.7)).solve(60.0, checks=[(0.0, says(False))])
     assert proven and lb > 0.0 and asked == [False]
     g = CostGraph.load(GRAPHS / "hf_gpt2_12l.json")  # (its proof takes CP-SAT seconds)
-    lb, proven = Relaxation(g, _budget(g, 0.9)).solve(60.0, check=(0.3, says(True)))
-    assert not proven and asked == [False, True]
+    lb, proven = Relaxation(g, _budget(g, 0.9)).solve(
+        60.0, checks=[(0.3, says(True)), (0.1, says(False))])
+    assert not proven and asked == [False, False, True]
 
 
 def test_auto_returns_relax_s_optimum_at_once() -> None:
@@ -400,6 +401,32 @@ def test_repair_makes_a_schedule_fit_by_the_simulator() -> None:
     assert after.peak_bytes <= lower < est.peak_bytes
     assert repair(g, s, est.peak_bytes, 30.0).regions == s.regions
     assert repair(g, s, g.base_bytes, 5.0) is None
+
+
+def test_repair_far_over_the_budget_starts_without_save_sets() -> None:
+    """A schedule over the budget by more than `STRIP_OVER` is repaired from its regions
+    without save sets (`stripped`), and its save-set nodes then go back where they keep it
+    fitting and save time: the result fits by the simulator, caches only nodes the schedule
+    cached, and replays less than the stripped schedule repaired alone."""
+    from scheduler.solvers import repair as mod
+    from scheduler.synthetic import random_graph
+
+    g = random_graph(80, kind="dag", seed=1)
+    s = get_solver("relax")(g, _budget(g, 0.7), time_limit_s=20.0).schedule
+    cached = {x for r in s.regions for x in r.save}
+    assert cached  # (relax's schedule here has save sets: what the test is about)
+    est = simulate(g, s)
+    lower = int(est.peak_bytes / (1 + 3 * mod.STRIP_OVER))
+    bare = mod.stripped(s)
+    assert all(not r.save for r in bare.regions)
+    assert [r.nodes for r in bare.regions] == [r.nodes for r in s.regions]
+    alone = mod.repair(g, bare, lower, 30.0)  # (no save sets: the steps alone)
+    fixed = mod.repair(g, s, lower, 30.0)
+    assert alone is not None and fixed is not None
+    after = simulate(g, fixed)
+    assert after.peak_bytes <= lower
+    assert {x for r in fixed.regions for x in r.save} <= cached
+    assert after.recompute_s < simulate(g, alone).recompute_s
 
 
 @pytest.mark.slow

@@ -73,7 +73,7 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..graph import CostGraph
 from ..schedule import KEEP, RECOMPUTE, Schedule
@@ -133,6 +133,14 @@ ROUNDS = 8
 #: ``quick_restart`` for ``lb_tree_search`` in `SUBSOLVERS`) proved 2.354 ms optimal in 7 of 11
 #: runs (5.3 to 10.1 s), in 3 of 11 when the first solve stopped at this share regardless
 FIRST_SHARE = 0.75
+
+#: the first solve stops sooner, at this share of the limit, when its last solution rounds
+#: to a schedule over the budget by more than `repair.STRIP_OVER` and one of its solutions
+#: rounds to a schedule that, without its save sets, is over by `repair.STRIP_REACH` at
+#: most: `repair` makes that fit from there, but needs seconds on large graphs. On the 2,000-node synthetic DAG at 50% of its peak, the solutions CP-SAT
+#: finds in the first 10 s round to schedules at twice the budget, those after 10 to 15 s to
+#: 382 ms at 1.12 times it, which `repair` took to 509 ms in 5 to 7 s
+STRIP_SHARE = 0.6
 
 #: without a time limit, each solve stops after this long (its bound is valid either way)
 SOLVE_S = 60.0
@@ -252,12 +260,14 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
     simulated; the memory constraints it breaks that the model left out go in, and it is
     solved again (hinted with the last solution), up to ``rounds`` solves or ``time_limit_s``
     (None: each solve may take `SOLVE_S`; the first one stops at `FIRST_SHARE` of the limit
-    when its last schedule breaks the budget). Each solve's bound is valid, so the best is
-    kept. When a rounded schedule breaks no constraint the model lacks (what the relaxation leaves
+    when its last schedule breaks the budget, at `STRIP_SHARE` when that is far over and
+    one it found is within `repair`'s reach without its save sets). A last schedule over the
+    budget goes to `repair` (or, when far over, that one). Each solve's bound is valid, so
+    the best is kept. When a rounded schedule breaks no constraint the model lacks (what the relaxation leaves
     out), the model is tightened by its overshoot where it broke the budget
     (`Relaxation.tighten`): the next solves give schedules, not bounds."""
     from .base import reaches
-    from .repair import repair
+    from .repair import STRIP_OVER, STRIP_REACH, repair, stripped
 
     started = time.perf_counter()
     best: tuple[float, Schedule] | None = None
@@ -299,10 +309,30 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
         def overshoots() -> bool:  # (see `FIRST_SHARE`)
             return bool(found) and estimate(len(found) - 1).peak_bytes > budget_bytes
 
+        stripped_peaks: dict[int, int] = {}  # (by position in found)
+
+        def to_repair() -> int:
+            """The solution to repair: the last one, but when its schedule breaks the budget
+            by more than `repair.STRIP_OVER`, the last whose schedule without save sets
+            breaks it by `repair.STRIP_REACH` at most, if any (-1: the last one)."""
+            if estimate(len(found) - 1).peak_bytes <= (1 + STRIP_OVER) * budget_bytes:
+                return -1
+            for i in range(len(found) - 1, -1, -1):
+                if i not in stripped_peaks:
+                    stripped_peaks[i] = simulate(graph, stripped(found[i]),
+                                                 timeline=False).peak_bytes
+                if stripped_peaks[i] <= (1 + STRIP_REACH) * budget_bytes:
+                    return i
+            return -1
+
+        def strippable() -> bool:  # (see `STRIP_SHARE`)
+            return bool(found) and to_repair() >= 0
+
         first = time_limit_s is not None and not round_ and rounds > 1
         lb, optimum = rel.solve(limit, on_solution=lambda value: found.append(
             rel.schedule(value)), stop=stop,
-            check=(FIRST_SHARE * limit, overshoots) if first else None)
+            checks=[(STRIP_SHARE * limit, strippable), (FIRST_SHARE * limit, overshoots)]
+            if first else ())
         if bounds:
             if lb == math.inf:
                 return Relaxed(math.inf, True, None)
@@ -318,7 +348,7 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
             break  # it fits: another solve would start over (with less time), or is done
         if best is None or best[0] > last.recompute_s:  # repaired, it may do better
             left = time_left()
-            fixed = repair(graph, found[-1], budget_bytes, left) if left > 0 else None
+            fixed = repair(graph, found[to_repair()], budget_bytes, left) if left > 0 else None
             if fixed is not None:
                 est = simulate(graph, fixed)
                 if best is None or est.recompute_s < best[0]:
@@ -867,14 +897,14 @@ class Relaxation:
     def solve(self, time_limit_s: float,
               on_solution: Callable[[Callable[[Any], int]], None] | None = None,
               stop: Callable[[float, float], bool] | None = None,
-              check: tuple[float, Callable[[], bool]] | None = None
+              checks: Sequence[tuple[float, Callable[[], bool]]] = ()
               ) -> tuple[float, bool]:
         """(bound in seconds, whether CP-SAT proved it the relaxation's optimum): ``math.inf``
         when the relaxation is infeasible (nothing fits), 0.0 when CP-SAT found no bound in
         ``time_limit_s``. ``on_solution(value)`` is called with each improving solution
         (``value(literal)`` reads it), then ``stop(objective, bound)`` (seconds): when it says
-        so, CP-SAT stops there. ``check``: (seconds, says): after that long, CP-SAT stops
-        when ``says()`` is true."""
+        so, CP-SAT stops there. ``checks``: (seconds, says) each: after that long, CP-SAT
+        stops when ``says()`` is true."""
         import threading
 
         from ortools.sat.python import cp_model
@@ -900,15 +930,16 @@ class Relaxation:
             self.m.ClearHints()
             for i, v in enumerate(self._hint):
                 self.m.AddHint(self.m.GetIntVarFromProtoIndex(i), v)
-        timer = None
-        if check is not None:
-            timer = threading.Timer(check[0], lambda: check[1]() and solver.StopSearch())
-            timer.daemon = True
-            timer.start()
+        timers = []
+        for after, says in checks:
+            timers.append(threading.Timer(
+                after, lambda says=says: says() and solver.StopSearch()))
+            timers[-1].daemon = True
+            timers[-1].start()
         try:
             status = solver.Solve(self.m, callback)
         finally:
-            if timer is not None:
+            for timer in timers:
                 timer.cancel()
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             self._hint = list(solver.ResponseProto().solution)

@@ -7,7 +7,10 @@ cost, so its optimum bounds every schedule from below. Its solutions also read a
 save sets). `bound.relax_and_round` solves it at the budget and simulates the schedule of
 every improving solution, keeping the best that fits. When the last one breaks the budget,
 `repair.repair` changes it a step at a time (a node out of a save set, a region grown by a
-node), by the simulator, until it fits. The model starts with some of its memory
+node), by the simulator, until it fits; one far over the budget (`repair.STRIP_OVER`) is
+repaired without its save sets, whose nodes then go back where they keep it fitting (of
+the solutions found, the last whose schedule is within `repair.STRIP_REACH` that way). The
+model starts with some of its memory
 constraints (`bound.MAX_STEPS` of each kind); when the last rounded schedule breaks the
 budget at forward nodes or backward steps whose constraints were left out, those go in and
 CP-SAT solves again. When it breaks it where the model has them already (what the
