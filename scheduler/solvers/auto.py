@@ -55,7 +55,9 @@ LATE_RELAX_S = 2.0
 #: with what was left (nothing) gave 126 to 147, 438 to 443 and 826 to 918 ms, and `cpsat` alone
 #: with the whole 10 s 123 to 137, 421 to 444 and 790 to 851 ms. (Before `bound.SUBSOLVERS` had
 #: ``lb_tree_search``, `relax` with three quarters of 10 s did not fit at 70%: the split then
-#: began at 20 s.) At 30 s (the last build) it gave 33.97, 168.1 and 850.7 ms
+#: began at 20 s.) At 30 s it gave 33.85, 168.0 and 513 to 516 ms (two runs of three at 50%,
+#: where `relax` now repairs schedules far over the budget without their save sets,
+#: `repair.STRIP_OVER`; the third 918 ms), the last build 33.97, 168.1 and 850.7 ms
 LATE_SPLIT_S = 10.0
 LATE_CPSAT_SHARE = 0.25
 
