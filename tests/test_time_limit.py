@@ -189,3 +189,33 @@ def test_cpsat_fine_alone_starts_from_cpsat_within_its_limit(monkeypatch: pytest
     firsts.clear()
     mod.cpsat_fine(g, budget, time_limit_s=limit, warm=first.schedule)
     assert not firsts
+
+
+def test_the_relaxation_stops_building_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relaxation past its deadline stops building between its parts (on the 2,000-node DAG
+    the build alone took half a second, so that a bound asked for with less overran the
+    limit): `relax_and_round` then answers no bound and no schedule, and builds no more."""
+    from scheduler.solvers import bound as mod
+
+    g, budget = _graph_and_budget("gpt", 0.7)
+    with pytest.raises(TimeoutError, match="out of time"):
+        mod.Relaxation(g, budget, deadline=time.perf_counter())
+    built: list[str] = []
+    real_regions, real_forward = mod.Relaxation._regions, mod.Relaxation._forward
+
+    def slow_regions(self) -> None:  # (a build part that takes longer than the limit)
+        built.append("regions")
+        real_regions(self)
+        time.sleep(0.2)
+
+    def forward(self) -> None:
+        built.append("forward")
+        real_forward(self)
+
+    monkeypatch.setattr(mod.Relaxation, "_regions", slow_regions)
+    monkeypatch.setattr(mod.Relaxation, "_forward", forward)
+    got = mod.relax_and_round(g, budget, 0.1)
+    assert (got.bound, got.proven, got.schedule) == (0.0, False, None)
+    assert built == ["regions"]
+    got = mod.relax_and_round(g, budget, 30.0)  # (time enough: it builds, and bounds)
+    assert built == ["regions", "regions", "forward"] and got.bound > 0.0
