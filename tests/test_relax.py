@@ -8,6 +8,7 @@ where a wrong bound would show first).
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from pathlib import Path
@@ -403,16 +404,23 @@ def test_repair_makes_a_schedule_fit_by_the_simulator() -> None:
     assert repair(g, s, g.base_bytes, 5.0) is None
 
 
+@functools.lru_cache(maxsize=1)
+def _with_save_sets() -> tuple[CostGraph, Schedule]:
+    """An 80-node random DAG and relax's schedule at 70% of its peak, which has save sets."""
+    from scheduler.synthetic import random_graph
+
+    g = random_graph(80, kind="dag", seed=1)
+    return g, get_solver("relax")(g, _budget(g, 0.7), time_limit_s=20.0).schedule
+
+
 def test_repair_far_over_the_budget_starts_without_save_sets() -> None:
     """A schedule over the budget by more than `STRIP_OVER` is repaired from its regions
     without save sets (`stripped`), and its save-set nodes then go back where they keep it
     fitting and save time: the result fits by the simulator, caches only nodes the schedule
     cached, and replays less than the stripped schedule repaired alone."""
     from scheduler.solvers import repair as mod
-    from scheduler.synthetic import random_graph
 
-    g = random_graph(80, kind="dag", seed=1)
-    s = get_solver("relax")(g, _budget(g, 0.7), time_limit_s=20.0).schedule
+    g, s = _with_save_sets()
     cached = {x for r in s.regions for x in r.save}
     assert cached  # (relax's schedule here has save sets: what the test is about)
     est = simulate(g, s)
@@ -427,6 +435,46 @@ def test_repair_far_over_the_budget_starts_without_save_sets() -> None:
     assert after.peak_bytes <= lower
     assert {x for r in fixed.regions for x in r.save} <= cached
     assert after.recompute_s < simulate(g, alone).recompute_s
+
+
+def test_relax_repairs_the_last_solution_within_reach_without_save_sets(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the last solution's schedule breaks the budget by more than `STRIP_OVER`,
+    `relax_and_round` repairs the last one whose schedule without save sets is within
+    `STRIP_REACH`, and its first solve's `STRIP_SHARE` check says stop. Here CP-SAT's
+    solutions are given: a schedule 2.5% over (1.1% under without save sets), then the
+    unscheduled step (about 40% over either way)."""
+    from scheduler.solvers import bound as mod
+    from scheduler.solvers import repair as rep
+
+    g, near = _with_save_sets()
+    budget = int(simulate(g, near).peak_bytes / (1 + 1.25 * rep.STRIP_OVER))
+    assert simulate(g, rep.stripped(near)).peak_bytes <= (1 + rep.STRIP_REACH) * budget
+    far = Schedule.none(g)
+    assert simulate(g, rep.stripped(far)).peak_bytes > (1 + rep.STRIP_REACH) * budget
+    said: list[list[bool]] = []
+
+    def solve(self, limit, on_solution=None, stop=None, checks=()):
+        if not said:  # (the first solve: two solutions, then its checks)
+            for sched in (near, far):
+                monkeypatch.setattr(mod.Relaxation, "schedule", lambda self, v, s=sched: s)
+                on_solution(None)
+            said.append([says() for _, says in sorted(checks, key=lambda c: c[0])])
+        return 1e-9, False
+
+    repaired: list[Schedule] = []
+    real = rep.repair
+
+    def spy(graph, schedule, budget_bytes, time_limit_s):
+        repaired.append(schedule)
+        return real(graph, schedule, budget_bytes, time_limit_s)
+
+    monkeypatch.setattr(mod.Relaxation, "solve", solve)
+    monkeypatch.setattr(rep, "repair", spy)
+    got = mod.relax_and_round(g, budget, 30.0)
+    assert said == [[True, True]]  # (STRIP_SHARE's check, then FIRST_SHARE's)
+    assert repaired[0] is near
+    assert got.schedule is not None and simulate(g, got.schedule).peak_bytes <= budget
 
 
 @pytest.mark.slow
