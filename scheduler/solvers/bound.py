@@ -29,10 +29,12 @@ schedule of the full space maps to values that satisfy:
   (alive in every schedule), the node's own highest running total and the kept storages whose
   last reader ran fit the budget; so do the kept storages when forward ends;
 * at a backward step: its gradients (which no schedule changes), the storages some node whose
-  backward spans that step saved (alive in every schedule), the kept storages not needed yet
-  and the region inputs still held fit the budget; at the first backward step of a saver z,
-  so do the copies that z's region's replay made (a storage not kept whose producer is linked
-  to z, needed after that step).
+  backward spans that step saved (alive in every schedule), the kept storages not needed yet,
+  forward's copies of storages needed before and again after it (unless their producer
+  replays in one region with every later saver, `Relaxation._forward_copy`), cached outputs
+  whose region has not replayed yet, and the region inputs still held fit the budget; at
+  the first backward step of a saver z, so do the copies that z's region's replay made (a
+  storage not kept whose producer is linked to z, needed after that step).
 
 Those memory constraints go in lazily: `MAX_STEPS` of each kind up front (evenly spread over
 those no earlier or later one implies), the others when a rounded schedule breaks the budget
@@ -395,10 +397,10 @@ class Relaxation:
                  deadline: float | None = None):
         """``deadline`` (a `time.perf_counter` value): building past it raises `TimeoutError`
         (on the 2,000-node synthetic DAG the build takes 0.5 to 0.8 s, in parts of up to 0.2 s,
-        between which it checks). ``lean``: leave out of the memory constraints made up front the region inputs held
-        in backward and the cached outputs awaiting their replay, and make no replay-burst
-        constraint up front (they stay pending): a weaker relaxation that CP-SAT bounds much
-        sooner on large graphs. The constraints `add` puts in later hold everything (only the
+        between which it checks). ``lean``: leave out of the memory constraints made up
+        front the cached outputs awaiting their replay, and make no replay-burst constraint up
+        front (they stay pending): a weaker relaxation that CP-SAT bounds much sooner on large
+        graphs. The constraints `add` puts in later hold everything (only the
         steps a rounded schedule broke, so the model stays small). None: lean beyond
         `LEAN_NODES` compute nodes."""
         from ortools.sat.python import cp_model
@@ -422,6 +424,7 @@ class Relaxation:
         self._runs: dict[tuple[int, int], Any] = {}  # `_run`'s literals
         self._spans: dict[tuple[int, int], Any] = {}  # `_span`'s literals
         self._alive: dict[tuple[str, tuple[int, ...]], Any] = {}
+        self._copies: dict[tuple[int, int], Any] = {}  # `_forward_copy`'s literals
         # `_fits`'s constraints not in the model yet (room, terms by literal index), and those
         # in it: (terms, their sum's variable, its largest value)
         self._batch: list[tuple[int, dict[int, list[Any]]]] = []
@@ -623,9 +626,8 @@ class Relaxation:
             if x in cached:
                 m.AddBoolOr([cached[x].Not(), li, start])
         self.link = link
-        # cached nodes' outputs that nothing saves: held until their region's replay
-        self.cached_out = [(sid, x) for x in cached for sid in outputs[x]
-                           if sid not in self.windows]
+        # cached nodes' outputs: held until their region's replay
+        self.cached_out = [(sid, x) for x in cached for sid in outputs[x]]
         # with_save[i]: node i's region has a save set (a cached node linked to it); then a
         # replayed node pays the policy's dispatch in forward and in the replay
         with_save = [m.NewBoolVar(f"sac_{i}") for i in range(len(names))]
@@ -802,16 +804,49 @@ class Relaxation:
         for sid, v in self.kept.items():
             if self.first_need.get(sid, -1) > k:
                 lits[sid].append(v)
+            elif sid in self.windows and not self._needed(sid, k):
+                copy = self._forward_copy(sid, k)
+                if copy is not None:
+                    lits[sid].append(copy)
         for sid, inp, until in self.inputs:
-            if until >= k and not any(f <= k <= d for f, d in self.windows.get(sid, ())):
+            if until >= k and not self._needed(sid, k):
                 lits[sid].append(inp)
         if self.lean and self._up_front:
             return [(self.g.storages[sid].bytes, self._or(ls)) for sid, ls in lits.items()]
         for sid, x in self.cached_out:
+            if self.first_need.get(sid, -1) > k or self._needed(sid, k):
+                continue  # (counted already)
             alive = self._cached_alive(x, k)
             if alive is not None:
                 lits[sid].append(alive)
         return [(self.g.storages[sid].bytes, self._or(ls)) for sid, ls in lits.items()]
+
+    def _needed(self, sid: int, k: int) -> bool:
+        """Whether a saver of storage sid needs it at step k (its constant part counts it)."""
+        return any(f <= k <= d for f, d in self.windows.get(sid, ()))
+
+    def _forward_copy(self, sid: int, k: int) -> Any:
+        """For a storage some saver needed before step k and another needs after it: a
+        literal true when forward's copy is alive at k, or None when no saver needs it after
+        k. It is, unless its producer replays in one region with every such saver (the
+        nearest is the producer or after it: replays remake it for them); a saver outside
+        the compute nodes (the loss) keeps it."""
+        static, at = self.static, self.at
+        st = self.g.storages[sid]
+        later = [z for z in st.savers if static.first_step.get(z, -1) > k]
+        if not later:
+            return None
+        if any(z not in at for z in later):
+            return self.keep(sid)  # (kept: `__init__`)
+        p, far = at[st.producer], max(at[z] for z in later)
+        key = (sid, far)
+        if key not in self._copies:
+            remade = self.m.NewBoolVar("")
+            self.m.AddImplication(remade, self.replayed[st.producer])
+            if far > p:
+                self.m.AddImplication(remade, self._run(p, far))
+            self._copies[key] = remade.Not()
+        return self._copies[key]
 
     def _cached_alive(self, x: str, k: int) -> Any:
         """A literal true when cached node x's outputs are still held at step k: until its
