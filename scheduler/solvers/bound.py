@@ -180,7 +180,8 @@ LEAN_GAP = 0.005
 #: later solves, and full relaxations, up to `MAX_STEPS`. Each holds everything (cached
 #: outputs too), and the next solve is slower for each: on the 2,000-node synthetic DAG at
 #: 90% of its peak, within 10 s, one (backward step 4) raised the bound from 33.02 to 33.55 ms
-#: in 11 runs of 12 (that relaxation's optimum, 33.65 ms, took CP-SAT 12 to 28 s from
+#: in 11 runs of 12 (before it counted forward's copies between their savers,
+#: `Relaxation._forward_copy`; with them, to 33.71 ms in 2 runs of 4) (that relaxation's optimum, 33.65 ms, took CP-SAT 12 to 28 s from
 #: scratch), three or ten left it at 33.02. One in every solve left 320-node DAGs short of
 #: solves (at 90%, 8.76 ms against 6.32 with ten; this way 5.78)
 LEAN_ADD = 1

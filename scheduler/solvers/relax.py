@@ -35,7 +35,8 @@ runs (4.8 to 7.0 s; the first solve goes on while its schedules fit, `bound.FIRS
 needs 3 to 9 s to solve the lean relaxation at 90% (on 2 cores); within 10 s the repaired
 schedule took 33.96 to 34.03 ms, and the second solve, with the whole constraint the rounded
 schedule broke most (`bound.LEAN_ADD`), raised the bound from 33.02 to 33.55 ms in 11 runs of
-12 (`cpsat`: 123 to 137 ms); at 70%, 167.7 to 168.0 ms against 163.2 (`bound.LEAN_GAP`
+12 (`cpsat`: 123 to 137 ms; now that the constraints added count forward's copies between
+their savers, `bound.Relaxation._forward_copy`, to 33.71 ms in 2 runs of 4: gaps of 0.94%); at 70%, 167.7 to 168.0 ms against 163.2 (`bound.LEAN_GAP`
 leaves `repair` its time). At 50% its schedules break the budget by 11 to 13% (those of
 the first 10 s by about 100%): given 30 s, repaired without their save sets, 514 and 526 ms
 against 372 (`cpsat` given 10 s: 790 to 803 ms).
