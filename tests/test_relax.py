@@ -480,15 +480,17 @@ def test_relax_repairs_the_last_solution_within_reach_without_save_sets(
 @pytest.mark.slow
 def test_relax_on_the_large_dag_fits_and_beats_cpsat() -> None:
     """On the 2,000-node synthetic DAG at 90% of its peak, relax (its rounded schedule
-    repaired) fits, with less recompute than cpsat's in the same time, above its bound."""
+    repaired) fits, with less recompute than cpsat's in the same time, at or above its bound
+    (now and then, within 30 s, it reaches it: OPTIMAL)."""
     from scheduler.synthetic import large_dag
 
     g = large_dag(2000)
     budget = _budget(g, 0.9)
     r = get_solver("relax")(g, budget, time_limit_s=30.0)
     c = get_solver("cpsat")(g, budget, time_limit_s=30.0)
-    assert r.status == FEASIBLE and simulate(g, r.schedule).peak_bytes <= budget
+    assert r.status in (FEASIBLE, OPTIMAL) and simulate(g, r.schedule).peak_bytes <= budget
     assert r.lower_bound_s <= r.estimate.recompute_s < c.estimate.recompute_s
+    assert (r.status == OPTIMAL) == (r.gap == 0.0)
 
 
 def test_a_lean_relaxation_takes_in_the_most_broken_constraint_first(
