@@ -70,15 +70,15 @@ def repair(graph: CostGraph, schedule: Schedule, budget_bytes: int, time_limit_s
     at = {x: i for i, x in enumerate(graph.compute_nodes)}
     spans: list[_Span] = [(at[r.nodes[0]], at[r.nodes[-1]] + 1, r.policy, frozenset(r.save))
                           for r in schedule.regions]
-    peak, _ = _simulate(graph, spans)
+    peak, rec = _simulate(graph, spans)
     fixed = None
     if peak <= budget_bytes * (1 + STRIP_OVER):
-        fixed = _steps(graph, spans, budget_bytes, deadline)
+        fixed = _steps(graph, spans, peak, rec, budget_bytes, deadline)
     if fixed is None and peak > budget_bytes and time.perf_counter() < deadline:
-        fixed = _stripped(graph, spans, budget_bytes, deadline)
+        fixed = _stripped(graph, spans, at, budget_bytes, deadline)
     if fixed is None:
         return None
-    return Schedule.from_regions(graph, fixed, meta=dict(schedule.meta))
+    return Schedule.from_regions(graph, fixed[0], meta=dict(schedule.meta))
 
 
 def stripped(schedule: Schedule) -> Schedule:
@@ -86,11 +86,11 @@ def stripped(schedule: Schedule) -> Schedule:
     return replace(schedule, regions=[replace(r, save=frozenset()) for r in schedule.regions])
 
 
-def _steps(graph: CostGraph, spans: list[_Span], budget_bytes: int, deadline: float
-           ) -> list[_Span] | None:
-    """The changes a step at a time (see the module docstring) until ``spans`` fit, or
-    None."""
-    peak, rec = _simulate(graph, spans)
+def _steps(graph: CostGraph, spans: list[_Span], peak: int, rec: float, budget_bytes: int,
+           deadline: float) -> tuple[list[_Span], float] | None:
+    """The changes a step at a time (see the module docstring) from ``spans`` (simulated:
+    ``peak`` bytes, ``rec`` seconds of recompute) until they fit: (spans, their recompute
+    seconds), or None."""
     scores: dict[_Key, float] = {}  # the last score of each change tried (lower: better)
     seen: set[_Key] = set()  # the changes of the steps so far, tried or not
     # before any is tried: the time of the node a change replays per byte that node allocates
@@ -120,19 +120,19 @@ def _steps(graph: CostGraph, spans: list[_Span], budget_bytes: int, deadline: fl
         if best is None:
             return None
         _, spans, peak, rec = best
-    return spans if peak <= budget_bytes else None
+    return (spans, rec) if peak <= budget_bytes else None
 
 
-def _stripped(graph: CostGraph, spans: list[_Span], budget_bytes: int, deadline: float
-              ) -> list[_Span] | None:
+def _stripped(graph: CostGraph, spans: list[_Span], at: dict[str, int], budget_bytes: int,
+              deadline: float) -> tuple[list[_Span], float] | None:
     """``spans`` without save sets, repaired by `_steps`, and then their save-set nodes back
-    in where they keep it fitting and lower its recompute time (see the module docstring)."""
-    at = {x: i for i, x in enumerate(graph.compute_nodes)}
-    fixed = _steps(graph, [(a, b, p, frozenset()) for a, b, p, _ in spans], budget_bytes,
-                   deadline)
-    if fixed is None:
+    in (``at``: node positions) where they keep it fitting and lower its recompute time (see
+    the module docstring): (spans, their recompute seconds), or None."""
+    bare = [(a, b, p, frozenset()) for a, b, p, _ in spans]
+    got = _steps(graph, bare, *_simulate(graph, bare), budget_bytes, deadline)
+    if got is None:
         return None
-    _, rec = _simulate(graph, fixed)
+    fixed, rec = got
     # (`_steps` only grows regions: a save-set node is still in a recompute region)
     region = {j: i for i, (a, b, _, _) in enumerate(fixed) for j in range(a, b)}
     for x in sorted((x for _, _, _, save in spans for x in save),
@@ -147,7 +147,7 @@ def _stripped(graph: CostGraph, spans: list[_Span], budget_bytes: int, deadline:
         p, r = _simulate(graph, trial)
         if p <= budget_bytes and r < rec:
             fixed, rec = trial, r
-    return fixed
+    return fixed, rec
 
 
 def _moves(graph: CostGraph, spans: list[_Span]) -> Iterator[tuple[_Key, list[_Span]]]:
