@@ -139,9 +139,10 @@ FIRST_SHARE = 0.75
 #: the first solve stops sooner, at this share of the limit, when its last solution rounds
 #: to a schedule over the budget by more than `repair.STRIP_OVER` and one of its solutions
 #: rounds to a schedule that, without its save sets, is over by `repair.STRIP_REACH` at
-#: most: `repair` makes that fit from there, but needs seconds on large graphs. On the 2,000-node synthetic DAG at 50% of its peak, the solutions CP-SAT
-#: finds in the first 10 s round to schedules at twice the budget, those after 10 to 15 s to
-#: 382 ms at 1.12 times it, which `repair` took to 509 ms in 5 to 7 s
+#: most: `repair` makes that fit from there, but needs seconds on large graphs. On the
+#: 2,000-node synthetic DAG at 50% of its peak, the solutions CP-SAT finds in the first 10 s
+#: round to schedules at twice the budget, those after 10 to 15 s to 382 ms at 1.12 times
+#: it, which `repair` took to 509 ms in 5 to 7 s
 STRIP_SHARE = 0.6
 
 #: without a time limit, each solve stops after this long (its bound is valid either way)
@@ -180,10 +181,10 @@ LEAN_GAP = 0.005
 #: later solves, and full relaxations, up to `MAX_STEPS`. Each holds everything (cached
 #: outputs too), and the next solve is slower for each: on the 2,000-node synthetic DAG at
 #: 90% of its peak, within 10 s, one (backward step 4) raised the bound from 33.02 to 33.55 ms
-#: in 11 runs of 12 (before it counted forward's copies between their savers,
-#: `Relaxation._forward_copy`; with them, to 33.71 ms in 2 runs of 4) (that relaxation's optimum, 33.65 ms, took CP-SAT 12 to 28 s from
-#: scratch), three or ten left it at 33.02. One in every solve left 320-node DAGs short of
-#: solves (at 90%, 8.76 ms against 6.32 with ten; this way 5.78)
+#: in 11 runs of 12 (that relaxation's optimum, 33.65 ms, took CP-SAT 12 to 28 s from
+#: scratch; counting forward's copies between their savers, `Relaxation._forward_copy`, it
+#: rose to 33.71 ms in 2 runs of 4), three or ten left it at 33.02. One in every solve left
+#: 320-node DAGs short of solves (at 90%, 8.76 ms against 6.32 with ten; this way 5.78)
 LEAN_ADD = 1
 
 
@@ -266,8 +267,8 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
     when its last schedule breaks the budget, at `STRIP_SHARE` when that is far over and
     one it found is within `repair`'s reach without its save sets). A last schedule over the
     budget goes to `repair` (or, when far over, that one). Each solve's bound is valid, so
-    the best is kept. When a rounded schedule breaks no constraint the model lacks (what the relaxation leaves
-    out), the model is tightened by its overshoot where it broke the budget
+    the best is kept. When a rounded schedule breaks no constraint the model lacks (what the
+    relaxation leaves out), the model is tightened by its overshoot where it broke the budget
     (`Relaxation.tighten`): the next solves give schedules, not bounds."""
     from .base import reaches
     from .repair import STRIP_OVER, STRIP_REACH, repair, stripped
@@ -475,7 +476,6 @@ class Relaxation:
         self._up_front = False
         self._flush()
         m.Minimize(sum(c * v for c, v in self.terms if c))
-        self.deadline = None  # (built: what `add` puts in later is not timed)
 
     def _check_time(self) -> None:
         if self.deadline is not None and time.perf_counter() > self.deadline:
@@ -809,16 +809,16 @@ class Relaxation:
         for sid, v in self.kept.items():
             if self.first_need.get(sid, -1) > k:
                 lits[sid].append(v)
-            elif sid in self.windows and not (self.lean and self._up_front) and \
-                    not self._needed(sid, k):
-                copy = self._forward_copy(sid, k)
-                if copy is not None:
-                    lits[sid].append(copy)
         for sid, inp, until in self.inputs:
             if until >= k and not self._needed(sid, k):
                 lits[sid].append(inp)
         if self.lean and self._up_front:
             return [(self.g.storages[sid].bytes, self._or(ls)) for sid, ls in lits.items()]
+        for sid in self.kept:
+            if sid in self.windows and self.first_need[sid] <= k and not self._needed(sid, k):
+                copy = self._forward_copy(sid, k)
+                if copy is not None:
+                    lits[sid].append(copy)
         for sid, x in self.cached_out:
             if self.first_need.get(sid, -1) > k or self._needed(sid, k):
                 continue  # (counted already)

@@ -10,14 +10,14 @@ every improving solution, keeping the best that fits. When the last one breaks t
 node), by the simulator, until it fits; one far over the budget (`repair.STRIP_OVER`) is
 repaired without its save sets, whose nodes then go back where they keep it fitting (of
 the solutions found, the last whose schedule is within `repair.STRIP_REACH` that way). The
-model starts with some of its memory
-constraints (`bound.MAX_STEPS` of each kind); when the last rounded schedule breaks the
-budget at forward nodes or backward steps whose constraints were left out, those go in and
-CP-SAT solves again. When it breaks it where the model has them already (what the
-relaxation leaves out: transient replay peaks, what a region holds after its last saver),
-the model is tightened there by the overshoot (schedules, not bounds), up to
-`bound.ROUNDS` solves in all. Out of time with nothing that fits, or with something worse
-than the best fitting cheap baseline (`cpsat.WARM_STARTS`), it answers that baseline.
+model starts with some of its memory constraints (`bound.MAX_STEPS` of each kind); when the
+last rounded schedule breaks the budget at forward nodes or backward steps whose
+constraints were left out, those go in and CP-SAT solves again. When it breaks it where the
+model has them already (what the relaxation leaves out: transient replay peaks, what a
+region holds after its last saver), the model is tightened there by the overshoot
+(schedules, not bounds), up to `bound.ROUNDS` solves in all. Out of time with nothing that
+fits, or with something worse than the best fitting cheap baseline (`cpsat.WARM_STARTS`),
+it answers that baseline.
 
 The bound holds over the full space (`finish` gets ``full_space=True``): the answer is
 OPTIMAL when its simulated recompute time reaches it (within a millionth, the picosecond
@@ -36,10 +36,11 @@ needs 3 to 9 s to solve the lean relaxation at 90% (on 2 cores); within 10 s the
 schedule took 33.96 to 34.03 ms, and the second solve, with the whole constraint the rounded
 schedule broke most (`bound.LEAN_ADD`), raised the bound from 33.02 to 33.55 ms in 11 runs of
 12 (`cpsat`: 123 to 137 ms; now that the constraints added count forward's copies between
-their savers, `bound.Relaxation._forward_copy`, to 33.71 ms in 2 runs of 4: gaps of 0.94%); at 70%, 167.7 to 168.0 ms against 163.2 (`bound.LEAN_GAP`
-leaves `repair` its time). At 50% its schedules break the budget by 11 to 13% (those of
-the first 10 s by about 100%): given 30 s, repaired without their save sets, 514 and 526 ms
-against 372 (`cpsat` given 10 s: 790 to 803 ms).
+their savers, `bound.Relaxation._forward_copy`, to 33.71 ms in 2 runs of 4: gaps of 0.94%);
+at 70%, 167.7 to 168.0 ms against 163.2 (`bound.LEAN_GAP` leaves `repair` its time). At
+50% its schedules break the budget by 11 to 13% (those of the first 10 s by about 100%):
+given 30 s, repaired without their save sets, 514 and 526 ms against 372 (`cpsat` given
+10 s: 790 to 803 ms).
 """
 
 from __future__ import annotations
