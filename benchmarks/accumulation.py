@@ -39,7 +39,7 @@ def runner(model: Any, inputs: tuple[Any, ...], option: Any, schedule: Any
     import torch
 
     import scheduler
-    from scheduler.advise import _slice
+    from scheduler.workflows.advise import _slice
 
     m = copy.deepcopy(model)
     micro = inputs if option.micro_batches == 1 else _slice(inputs, option.micro_batches)

@@ -41,7 +41,7 @@ SMALL: dict[str, dict[str, Any]] = {
 
 def none(graph: Any) -> Any:
     """No checkpointing."""
-    from scheduler.schedule import Schedule
+    from scheduler.ir.schedule import Schedule
 
     return Schedule.none(graph)
 
@@ -57,7 +57,7 @@ def uniform(graph: Any, k: int) -> Any:
     """``k`` contiguous recompute regions of about equal node count, all recomputed (unlike
     the ``uniform:K`` solver, which cuts blocks as ``checkpoint_sequential`` and keeps the
     last segment)."""
-    from scheduler.schedule import RECOMPUTE, Schedule
+    from scheduler.ir.schedule import RECOMPUTE, Schedule
 
     n = len(graph.compute_nodes)
     k = min(k, n)
@@ -77,9 +77,9 @@ SCHEDULES: dict[str, Callable[[Any], Any]] = {
 def bench(name: str, *, size: str, repeats: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Profile ``name`` once, then measure and simulate every schedule in `SCHEDULES`."""
     import scheduler
+    from scheduler.capture.trace import trace
+    from scheduler.cost.simulate import simulate
     from scheduler.rewrite import rewrite
-    from scheduler.simulate import simulate
-    from scheduler.trace import trace
 
     mod = importlib.import_module(f"examples.{name}")
     model, inputs = mod.build(**(SMALL[name] if size == "small" else {}))
@@ -107,12 +107,11 @@ def bench(name: str, *, size: str, repeats: int) -> tuple[list[dict[str, Any]], 
 
 
 def print_table(name: str, rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
+    import torch
     from rich.console import Console
     from rich.table import Table
 
     from scheduler.units import format_bytes, format_seconds
-
-    import torch
 
     table = Table(title=f"{name}: {info['nodes']} nodes ({info['tracer']}), inputs "
                         f"{info['inputs']}, {info['device']}, {torch.get_num_threads()} "

@@ -9,7 +9,7 @@ and prints status, predicted recompute time, predicted peak over budget and solv
 whether the exact solvers' recompute time is <= every baseline's that fits (``ok``), then the
 longest solve against the time limit (which every solver keeps to). Nothing is
 asserted: machines are shared and timings noisy; read the ratios. The work is
-`scheduler.bench.bench` (also ``scheduler bench``); this script adds the synthetic graph.
+`scheduler.workflows.bench.bench` (also ``scheduler bench``); this script adds the synthetic graph.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scheduler.bench import BASELINES, EXACT, bench, bench_table, verdict  # noqa: E402
-from scheduler.graph import CostGraph  # noqa: E402
+from scheduler.ir.graph import CostGraph  # noqa: E402
 from scheduler.report import console as make_console  # noqa: E402
+from scheduler.workflows.bench import BASELINES, EXACT, bench, bench_table, verdict  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = args.graphs or sorted(glob.glob("graphs/*.json"))
     graphs = [(Path(p).stem, CostGraph.load(p)) for p in paths]
     if args.synthetic:
-        from scheduler.synthetic import random_graph
+        from scheduler.testing.synthetic import random_graph
 
         graphs.append((f"synthetic-dag-{args.synthetic}",
                        random_graph(args.synthetic, kind="dag", seed=0)))

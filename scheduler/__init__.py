@@ -1,14 +1,16 @@
 """scheduler: optimal activation-checkpointing schedules for PyTorch models."""
-from .advise import Advice, advise
-from .api import InfeasibleBudgetError, Plan, apply, parse_budget, solve, solve_graph
-from .compare import Comparison, compare
-from .graph import CostGraph, CostGraphError
-from .max_batch import MaxBatch, max_batch
-from .measure import Measurement, StepBreakdown, measure, measure_training_step
-from .profile import profile
-from .schedule import Region, Schedule, ScheduleError
-from .simulate import Estimate, simulate
-from .trace import TraceError, trace
+from .budget import InfeasibleBudgetError, parse_budget
+from .capture.profile import profile
+from .capture.trace import TraceError, trace
+from .cost.simulate import Estimate, simulate
+from .ir.graph import CostGraph, CostGraphError
+from .ir.schedule import Region, Schedule, ScheduleError
+from .measurement.breakdown import StepBreakdown, measure_training_step
+from .measurement.step import Measurement, measure
+from .plan import Plan, apply, solve, solve_graph
+from .workflows.advise import Advice, advise
+from .workflows.compare import Comparison, compare
+from .workflows.max_batch import MaxBatch, max_batch
 
 __all__ = ["Advice", "Comparison", "CostGraph", "CostGraphError", "Estimate",
            "InfeasibleBudgetError", "MaxBatch", "Measurement", "Plan", "Region", "Schedule",

@@ -21,8 +21,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
     from rich.table import Table
 
-    from .compare import Comparison, Row
-    from .simulate import Estimate
+    from .cost.simulate import Estimate
+    from .workflows.compare import Comparison, Row
 
 __all__ = ["comparison_table", "comparison_markdown", "console", "plot_comparison", "plot_timeline",
            "progress_bar", "render", "rows_to_csv"]
@@ -46,8 +46,14 @@ def progress_bar(*, enabled: bool, total: int = 1, description: str = ""
         yield lambda description=None, *, advance=0, total=None: None
         return
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
-                               TextColumn, TimeElapsedColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                    MofNCompleteColumn(), TimeElapsedColumn(),

@@ -22,12 +22,16 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _python_dispatch
-from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
-                                    create_selective_checkpoint_contexts, get_device_states,
-                                    set_device_states)
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+    get_device_states,
+    set_device_states,
+)
 
-from ._exec import Program
-from .schedule import Schedule, ScheduleError
+from .capture.program import Program
+from .ir.schedule import Schedule, ScheduleError
 
 __all__ = ["CheckpointedModule", "rewrite"]
 

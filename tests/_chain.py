@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from scheduler.graph import BwdStep, CostGraph, Node, Saved, Storage
+from scheduler.ir.graph import BwdStep, CostGraph, Node, Saved, Storage
 
 
 def chain(blocks: Sequence[str], *, out_bytes: Sequence[int] | int = 1000,

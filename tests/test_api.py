@@ -19,11 +19,11 @@ import torch
 import torch.nn as nn
 
 import scheduler
-from scheduler.api import apply
-from scheduler.graph import CostGraph
+from scheduler.capture.trace import default_loss_recipe
+from scheduler.ir.graph import CostGraph
+from scheduler.ir.schedule import KEEP, RECOMPUTE, Schedule, ScheduleError
+from scheduler.plan import apply
 from scheduler.rewrite import CheckpointedModule
-from scheduler.schedule import KEEP, RECOMPUTE, Schedule, ScheduleError
-from scheduler.trace import default_loss_recipe
 
 MODELS = ["mlp", "gpt", "unet", "hf_gpt2"]
 Build = Callable[..., tuple[nn.Module, tuple[Any, ...]]]

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from scheduler.schedule import Schedule
+from scheduler.ir.schedule import Schedule
 
 
 def run_script(name: str, argv: list[str], capsys) -> str:

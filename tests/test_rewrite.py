@@ -26,10 +26,10 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import scheduler
-from scheduler.graph import CostGraph
+from scheduler.capture.trace import default_loss_recipe, trace
+from scheduler.ir.graph import CostGraph
+from scheduler.ir.schedule import KEEP, RECOMPUTE, Region, Schedule, ScheduleError
 from scheduler.rewrite import CheckpointedModule, rewrite
-from scheduler.schedule import KEEP, RECOMPUTE, Region, Schedule, ScheduleError
-from scheduler.trace import default_loss_recipe, trace
 
 MODELS = ["mlp", "gpt", "unet", "hf_gpt2"]
 #: random-schedule tests: Hugging Face GPT-2 is the slowest to step, so it runs with the slow ones

@@ -2,8 +2,16 @@
 people use today (``none``, ``every_block``, ``sqrt``, ``uniform:K``, ``greedy``,
 ``knapsack``), all with one signature; see `base`."""
 
-from .base import (FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult, UnknownSolverError, available,
-                   get_solver, register)
+from .base import (
+                   FEASIBLE,
+                   INFEASIBLE,
+                   OPTIMAL,
+                   SolveResult,
+                   UnknownSolverError,
+                   available,
+                   get_solver,
+                   register,
+)
 
 __all__ = ["FEASIBLE", "INFEASIBLE", "OPTIMAL", "SolveResult", "UnknownSolverError",
            "available", "get_solver", "register"]

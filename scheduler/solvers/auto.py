@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from ..graph import CostGraph
+from ..ir.graph import CostGraph
 from .base import INFEASIBLE, OPTIMAL, SolveResult, get_solver, rebound, register
 from .bound import far_reads
 

@@ -24,9 +24,9 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Callable, Protocol
 
-from ..graph import CostGraph
-from ..schedule import Schedule
-from ..simulate import Estimate, simulate
+from ..cost.simulate import Estimate, simulate
+from ..ir.graph import CostGraph
+from ..ir.schedule import Schedule
 
 __all__ = ["OPTIMAL", "FEASIBLE", "INFEASIBLE", "SolveResult", "Solver", "register",
            "get_solver", "available", "UnknownSolverError", "finish", "rebound", "reaches",

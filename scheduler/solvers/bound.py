@@ -77,9 +77,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..graph import CostGraph
-from ..schedule import KEEP, RECOMPUTE, Schedule
-from ..simulate import Estimate, _Static, gradient_steps, simulate, storage_readers
+from ..cost.simulate import Estimate, gradient_steps, simulate, storage_readers
+from ..cost.static import Static
+from ..ir.graph import CostGraph
+from ..ir.schedule import KEEP, RECOMPUTE, Schedule
 
 __all__ = ["BOUND_S", "LINK_SPAN", "MAX_STEPS", "SUBSOLVERS", "BoundWarning", "Relaxation",
            "far_reads", "full_space_bound", "relax_and_round", "remember_bound",
@@ -214,7 +215,7 @@ def full_space_bound(graph: CostGraph, budget_bytes: int, *, time_limit_s: float
     fits; 0.0 when CP-SAT finds no bound in ``time_limit_s``. Remembered per graph and
     budget (a better bound found later, by `relax`, replaces it); one solved with less time
     than ``time_limit_s`` is solved again, and the better kept."""
-    static = _Static.of(graph)
+    static = Static.of(graph)
     memo, spent = static.full_bounds, static.full_bound_s
     if budget_bytes not in memo or (
             memo[budget_bytes] < math.inf and spent.get(budget_bytes, math.inf) < time_limit_s):
@@ -226,13 +227,13 @@ def full_space_bound(graph: CostGraph, budget_bytes: int, *, time_limit_s: float
 
 def remembered_bound(graph: CostGraph, budget_bytes: int) -> float | None:
     """The best bound remembered for ``graph`` and ``budget_bytes``, or None."""
-    return _Static.of(graph).full_bounds.get(budget_bytes)
+    return Static.of(graph).full_bounds.get(budget_bytes)
 
 
 def remember_bound(graph: CostGraph, budget_bytes: int, bound: float) -> float:
     """Keep ``bound`` for `full_space_bound` when it beats the one remembered; returns the
     best."""
-    static = _Static.of(graph)
+    static = Static.of(graph)
     memo = static.full_bounds
     if bound <= memo.get(budget_bytes, 0.0):
         return memo.get(budget_bytes, 0.0)  # (no bound at all is not remembered)
@@ -414,7 +415,7 @@ class Relaxation:
         self.g, self.budget, self.deadline = graph, budget_bytes, deadline
         self.lean = len(graph.compute_nodes) > LEAN_NODES if lean is None else lean
         self.room = room = budget_bytes - graph.base_bytes
-        static = self.static = _Static.of(graph)
+        static = self.static = Static.of(graph)
         names = self.names = graph.compute_nodes
         self.at = {x: i for i, x in enumerate(names)}
         m = self.m = cp_model.CpModel()

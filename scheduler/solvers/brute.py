@@ -24,9 +24,9 @@ from itertools import combinations, product
 from math import comb
 from typing import Callable, Iterator, Sequence
 
-from ..graph import CostGraph
-from ..schedule import KEEP, RECOMPUTE, Region, Schedule
-from ..simulate import simulate
+from ..cost.simulate import simulate
+from ..ir.graph import CostGraph
+from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule
 from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, register
 
 __all__ = ["brute_force", "count_schedules", "schedules", "MAX_NODES"]

@@ -68,9 +68,10 @@ from collections import defaultdict
 from dataclasses import replace
 from typing import Any
 
-from ..graph import CostGraph
-from ..schedule import KEEP, RECOMPUTE, Schedule
-from ..simulate import ReplayProbe, _Static, gradient_steps, simulate, storage_readers
+from ..cost.simulate import ReplayProbe, gradient_steps, simulate, storage_readers
+from ..cost.static import Static
+from ..ir.graph import CostGraph
+from ..ir.schedule import KEEP, RECOMPUTE, Schedule
 from .base import FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult, finish, register
 from .dp import chain_cuts, crossing_counts
 
@@ -174,7 +175,7 @@ class _Model:
         else:
             room = budget_bytes - g.base_bytes
         self.room = room
-        static = _Static.of(g)
+        static = Static.of(g)
         pos, done = static.pos, static.done
         end = len(g.bwd_steps) - 1
         unit_done = [-1] * n_units

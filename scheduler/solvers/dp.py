@@ -29,9 +29,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..graph import CostGraph
-from ..schedule import KEEP, RECOMPUTE, Schedule
-from ..simulate import region_costs, storage_readers
+from ..cost.simulate import region_costs, storage_readers
+from ..ir.graph import CostGraph
+from ..ir.schedule import KEEP, RECOMPUTE, Schedule
 from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, register
 
 __all__ = ["chain_cuts", "crossing_counts", "dp", "RegionTable", "region_options",

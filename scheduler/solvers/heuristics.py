@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable, Sequence
 from itertools import groupby
 
-from ..graph import CostGraph
-from ..schedule import KEEP, RECOMPUTE, Schedule
-from ..simulate import simulate
+from ..cost.simulate import simulate
+from ..ir.graph import CostGraph
+from ..ir.schedule import KEEP, RECOMPUTE, Schedule
 from .base import SolveResult, UnknownSolverError, finish, register
 
 __all__ = ["no_checkpointing", "every_block", "sqrt_segments", "uniform", "greedy", "knapsack",

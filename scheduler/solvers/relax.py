@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 import time
 
-from ..graph import CostGraph
+from ..ir.graph import CostGraph
 from .base import FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult, finish, reaches, register
 from .bound import relax_and_round, remember_bound
 

@@ -31,9 +31,10 @@ import time
 from dataclasses import replace
 from typing import Iterator
 
-from ..graph import CostGraph
-from ..schedule import KEEP, RECOMPUTE, Region, Schedule
-from ..simulate import _Sim, _Static
+from ..cost.simulate import Simulator
+from ..cost.static import Static
+from ..ir.graph import CostGraph
+from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule
 
 __all__ = ["FIRST", "STRIP_OVER", "STRIP_REACH", "TOP", "repair", "stripped"]
 
@@ -95,7 +96,7 @@ def _steps(graph: CostGraph, spans: list[_Span], peak: int, rec: float, budget_b
     seen: set[_Key] = set()  # the changes of the steps so far, tried or not
     # before any is tried: the time of the node a change replays per byte that node allocates
     # (what it may free)
-    static = _Static.of(graph)
+    static = Static.of(graph)
     prior = {(kind, x): graph.node(x).time_s / (1 + sum(graph.storages[sid].bytes
                                                       for sid in static.allocs.get(x, ())))
              for x in graph.compute_nodes for kind in ("drop", "after", "before")}
@@ -176,5 +177,5 @@ def _simulate(graph: CostGraph, spans: list[_Span]) -> tuple[int, float]:
     names = graph.compute_nodes
     s = Schedule([Region(p, tuple(names[a:b]), save) for a, b, p, save in spans],
                  fingerprint=graph.fingerprint)
-    est = _Sim(graph, s, timeline=False).run()
+    est = Simulator(graph, s, timeline=False).run()
     return est.peak_bytes, est.recompute_s

@@ -1,0 +1,158 @@
+"""Budgets: the forms users write them in, and the error for one that nothing fits."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+from .ir.graph import CostGraph
+from .solvers.base import SolveResult, get_solver
+from .solvers.bound import full_space_bound
+from .units import format_bytes, parse_bytes
+
+__all__ = ["BUDGET_FORMS", "InfeasibleBudgetError", "budget_spec", "infeasible_error",
+           "parse_budget"]
+
+#: The budget forms `parse_budget` accepts, for error messages.
+BUDGET_FORMS = (
+    "a number of bytes (an int such as 6442450944, or a string with a unit: '6GiB', '512MB', "
+    "'1.5e9'), or a fraction of the unconstrained predicted peak (a float in (0, 1] such as "
+    "0.6, or a percentage string such as '60%')"
+)
+
+#: Baselines whose schedules bound the smallest feasible budget when a solver does not say it.
+_BASELINES = ("none", "every_block", "sqrt", "greedy", "knapsack")
+
+
+class InfeasibleBudgetError(ValueError):
+    """No schedule the solver considers fits the budget.
+
+    Attributes:
+        budget_bytes: the budget asked for, in bytes.
+        min_feasible_bytes: the smallest budget known to be feasible: exact where the solver
+            proves it (``dp``, ``cpsat``), else the least predicted peak of any schedule tried.
+    """
+
+    def __init__(self, message: str, *, budget_bytes: int, min_feasible_bytes: int) -> None:
+        super().__init__(message)
+        self.budget_bytes = budget_bytes
+        self.min_feasible_bytes = min_feasible_bytes
+
+
+def parse_budget(budget: int | float | str, unconstrained_peak_bytes: int) -> int:
+    """A memory budget in bytes, from any of the forms users write.
+
+    Args:
+        budget: an ``int`` of bytes; a ``float`` in (0, 1] or a string ``"60%"`` for a fraction
+            of ``unconstrained_peak_bytes``; a string with a unit (``"6GiB"``, ``"512MB"``),
+            see `units.parse_bytes`. A unitless number is bytes when above 1 (``1.5e9``,
+            ``"1.5e9"``) and a fraction when in (0, 1] (``0.6``, ``"0.6"``).
+        unconstrained_peak_bytes: the predicted peak with no checkpointing, which fractions
+            refer to.
+
+    Returns:
+        The budget in bytes (fractions rounded down), at least 1.
+
+    Raises:
+        ValueError: zero, negative, NaN or infinite values, fractions above 100%, garbage;
+            the message names the value and the accepted forms.
+
+    Example:
+        >>> parse_budget("50%", 1000), parse_budget(0.25, 1000), parse_budget("1KiB", 1000)
+        (500, 250, 1024)
+    """
+    kind, value = budget_spec(budget)
+    if kind == "bytes":
+        return int(value)
+    n = int(value * unconstrained_peak_bytes)
+    if n < 1:
+        raise ValueError(f"bad budget {budget!r}: {value:g} of the unconstrained peak "
+                         f"({unconstrained_peak_bytes} bytes) is less than one byte")
+    return n
+
+
+def budget_spec(budget: Any) -> tuple[str, float | int]:
+    """``("bytes", n)`` or ``("fraction", f)``; checks the form without needing a graph, so
+    callers can reject a bad budget before minutes of profiling."""
+    def bad(why: str = "") -> ValueError:
+        return ValueError(f"bad budget {budget!r}{': ' + why if why else ''}; expected "
+                          f"{BUDGET_FORMS}")
+
+    if isinstance(budget, bool):
+        raise bad("a bool is not a budget")
+    if isinstance(budget, numbers.Integral):
+        if budget < 1:
+            raise bad("it must be positive")
+        return "bytes", int(budget)
+    if isinstance(budget, numbers.Real):
+        value = float(budget)
+        if not math.isfinite(value) or value <= 0:
+            raise bad("it must be a positive finite number")
+        return ("fraction", value) if value <= 1 else ("bytes", round(value))
+    if not isinstance(budget, str):
+        raise bad(f"a {type(budget).__name__} is not a budget")
+    text = budget.strip()
+    if text.endswith("%"):
+        try:
+            pct = float(text[:-1])
+        except ValueError:
+            raise bad() from None
+        if not (math.isfinite(pct) and 0 < pct <= 100):
+            raise bad("a percentage must be in (0%, 100%]")
+        return "fraction", pct / 100
+    try:
+        value = float(text)
+    except ValueError:
+        value = None  # a unit, or garbage: parse_bytes decides
+    if value is not None:
+        if not math.isfinite(value) or value <= 0:
+            raise bad("it must be a positive finite number")
+        if value <= 1:
+            return "fraction", value
+    try:
+        return "bytes", parse_bytes(text)
+    except ValueError:
+        raise bad() from None
+
+
+def infeasible_error(graph: CostGraph, solver: str, result: SolveResult, budget_bytes: int,
+                headroom: float) -> InfeasibleBudgetError:
+    """The error for an INFEASIBLE result, naming the smallest budget known to fit."""
+    if result.min_feasible_bytes is not None:
+        # the exact solvers (dp, cpsat) give the exact minimum over their schedule space
+        min_peak, by, exact = result.min_feasible_bytes, solver, True
+    else:
+        # otherwise the least predicted peak of every schedule at hand bounds it from above
+        peaks = {name: get_solver(name)(graph, result.budget_bytes).estimate.peak_bytes
+                 for name in _BASELINES}
+        if result.estimate is not None:
+            peaks[solver] = result.estimate.peak_bytes
+        by = min(peaks, key=lambda name: (peaks[name], name != solver))
+        min_peak, exact = peaks[by], False
+    # in the user's terms: the budget that leaves min_peak after the headroom
+    need = math.ceil(min_peak / (1 - headroom))
+    while int(need * (1 - headroom)) < min_peak:  # float rounding
+        need += 1
+    asked = f"{format_bytes(budget_bytes)} ({budget_bytes} bytes)"
+    smallest = f"{format_bytes(need)} ({need} bytes)"
+    if need <= budget_bytes:
+        message = (f"solver {solver!r} found no schedule within the budget {asked}, but the "
+                   f"{by!r} baseline's fits it (predicted peak {format_bytes(min_peak)}); "
+                   f"use solver={by!r} or an exact solver ('auto')")
+    elif exact:
+        if full_space_bound(graph, result.budget_bytes) == math.inf:
+            why = "is infeasible: no schedule of the full space fits it (proven)"
+        else:
+            why = (f"is infeasible over the schedule space of solver {solver!r} (a schedule "
+                   "outside it might fit a smaller budget)")
+        message = (f"budget {asked} {why}; the smallest feasible budget over the space of "
+                   f"solver {solver!r} is "
+                   f"{smallest}; use budget={need} or more")
+    else:
+        message = (f"budget {asked} is infeasible for solver {solver!r}: the smallest budget "
+                   f"any schedule tried fits is {smallest} ({by!r}); use budget={need} or more, "
+                   "or an exact solver ('auto'), which finds the true minimum")
+    if headroom:
+        message += f" (with headroom {headroom:.0%})"
+    return InfeasibleBudgetError(message, budget_bytes=budget_bytes, min_feasible_bytes=need)

@@ -1,0 +1,510 @@
+"""Profiling: run one traced training step under trackers and record a `CostGraph`.
+
+One *recorded* step runs the traced graph node by node (`_exec.Program`) with
+
+* a `StorageTracker` that sees every storage allocated and freed, attributed to the node
+  running (forward) or to the node whose backward functions are running (backward, found with
+  pre-hooks on the autograd nodes each forward node created);
+* ``torch.autograd.graph.saved_tensors_hooks`` whose pack hook records which storage each node
+  saves for backward, mapped back to the node that produced it (or a parameter/input).
+
+Then ``repeats`` *timed* steps (after a warm-up) give each node's forward time and each
+backward step's time, as medians, and `measure` gives the unscheduled step's peak and time;
+`checkpoint_costs` times what a checkpoint call and each tensor saved under it cost on the
+device (once a process).
+The user's model is left as it was (buffers, gradients and RNG state are restored).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.utils import _pytree as pytree
+
+from ..ir.graph import BwdStep, CostGraph, Node, Saved, Storage, structure_fingerprint
+from ..measurement.step import measure
+from ..measurement.storage import StorageTracker, sync_device
+from .program import Program
+from .trace import as_tuple, block_of, module_path, preserved_state, trace
+
+__all__ = ["checkpoint_costs", "profile", "profile_traced"]
+
+
+def profile(model: nn.Module, example_inputs: Sequence[Any], *,
+            loss_fn: Callable[[Any], torch.Tensor] | None = None, repeats: int = 3,
+            name: str | None = None,
+            progress: Callable[[str], None] | None = None) -> CostGraph:
+    """Trace ``model`` and profile one forward + backward step into a `CostGraph`.
+
+    Args:
+        model: the model (not modified).
+        example_inputs: positional inputs with the shapes to plan for.
+        loss_fn: ``loss_fn(output) -> scalar``; default: `trace.default_loss_recipe`.
+        repeats: timed steps per measurement (medians are kept), after one warm-up.
+        name: the graph's name (default: the model's class name).
+        progress: called with a short message as each phase starts.
+
+    Returns:
+        The `CostGraph`: nodes in execution order with bytes, saved tensors and times.
+
+    Raises:
+        TraceError: the model cannot be traced (see `trace`).
+    """
+    inputs = as_tuple(example_inputs)
+    say = progress or (lambda _msg: None)
+    say("tracing")
+    gm = trace(model, inputs, loss_fn=loss_fn)
+    return profile_traced(gm, model, inputs, repeats=repeats,
+                          name=name or type(model).__name__, progress=say)
+
+
+def profile_traced(gm: fx.GraphModule, model: nn.Module, inputs: tuple[Any, ...], *,
+                   repeats: int = 3, name: str = "model",
+                   progress: Callable[[str], None] | None = None) -> CostGraph:
+    """`profile` for a graph already traced with `trace` (so it is traced only once)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    say = progress or (lambda _msg: None)
+    prog = Program(gm)
+    with preserved_state(model):
+        say("recording memory and saved tensors")
+        rec = _Recorder(prog, model, inputs).run()
+        say(f"timing {repeats} steps")
+        fwd_t, bwd_t, sac_t = _time_steps(prog, model, inputs, repeats, rec)
+    say("measuring the unscheduled step")
+    m = measure(model, inputs, loss_fn=prog.info.loss_fn, repeats=repeats)
+    say("timing checkpoint calls")
+    params = list(model.parameters())
+    call_s, saved_s = checkpoint_costs(params[0].device if params else torch.device("cpu"))
+    g = _build(prog, rec, fwd_t, bwd_t, m, name, inputs, sac_t)
+    g.checkpoint_call_s, g.checkpoint_saved_s = call_s, saved_s
+    return g
+
+
+#: (checkpoint calls, ops in each) of the calibration chains `checkpoint_costs` times
+_CALIBRATION = ((1, 4), (1, 32), (4, 4), (4, 16), (16, 2), (16, 4))
+
+
+#: `checkpoint_costs` per (device, torch threads), measured once a process
+_COSTS: dict[tuple[str, int], tuple[float, float]] = {}
+
+
+def checkpoint_costs(device: torch.device, *, rounds: int = 9) -> tuple[float, float]:
+    """What a non-reentrant `torch.utils.checkpoint` region costs on ``device`` beyond running
+    its forward once more: (seconds per checkpoint call, seconds per tensor saved in it).
+    Measured once a process for each device and number of torch threads (about 0.2 s; the
+    first checkpoint of a process also pays PyTorch's one-time setup, about 1.5 s here).
+
+    Times chains of ``tanh`` on a small tensor (each op saves one tensor) as K checkpointed
+    calls of N ops each, beside the same ops without checkpoints and their forward alone, in
+    turns for ``rounds`` rounds (medians), and fits ``extra = K * call + K * N * saved`` by
+    least squares over `_CALIBRATION` (both clamped at 0). On the development machine (CPU,
+    one thread) that gave about 0.2 ms per call and 18 us per saved tensor: the pack and
+    unpack hooks run in Python. Forward times of real ops do not enter: only the hooks' and
+    the call's work, which depends on the device and the Python build, not on the model."""
+    key = (str(device), torch.get_num_threads())
+    if key not in _COSTS:
+        _COSTS[key] = _fit_checkpoint_costs(device, rounds)
+    return _COSTS[key]
+
+
+def _fit_checkpoint_costs(device: torch.device, rounds: int) -> tuple[float, float]:
+    from torch.utils.checkpoint import checkpoint
+
+    # (no random numbers: the caller's RNG state is left as it was)
+    x0 = torch.linspace(-1.0, 1.0, 256, device=device).reshape(16, 16).requires_grad_()
+
+    def chain(x: torch.Tensor, n: int) -> torch.Tensor:
+        for _ in range(n):
+            x = torch.tanh(x)
+        return x
+
+    def timed(fn: Callable[[], Any]) -> float:
+        sync_device(device)
+        t0 = time.perf_counter()
+        fn()
+        sync_device(device)
+        return time.perf_counter() - t0
+
+    def checkpointed(k: int, n: int) -> None:
+        x = x0
+        for _ in range(k):
+            x = checkpoint(chain, x, n, use_reentrant=False, preserve_rng_state=True)
+        x.sum().backward()
+
+    samples: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for r in range(rounds + 1):  # the first warms up
+        for k, n in _CALIBRATION:
+            ck = timed(lambda: checkpointed(k, n))
+            plain = timed(lambda: chain(x0, k * n).sum().backward())
+            fwd = timed(lambda: chain(x0, k * n))
+            if r:
+                samples[k, n].append(ck - plain - fwd)
+    x0.grad = None
+    # least squares for (call, saved) over rows (k, k * n), by the normal equations
+    rows = [(k, k * n, statistics.median(samples[k, n])) for k, n in _CALIBRATION]
+    aa = sum(a * a for a, _, _ in rows)
+    ab = sum(a * b for a, b, _ in rows)
+    bb = sum(b * b for _, b, _ in rows)
+    ay = sum(a * y for a, _, y in rows)
+    by = sum(b * y for _, b, y in rows)
+    det = aa * bb - ab * ab
+    call, saved = (bb * ay - ab * by) / det, (aa * by - ab * ay) / det
+    if call < 0:  # the best fit with the call's cost at 0
+        call, saved = 0.0, by / bb
+    if saved < 0:
+        call, saved = max(0.0, ay / aa), 0.0
+    return max(0.0, call), max(0.0, saved)
+
+
+
+@dataclass
+class _Rec:
+    storages: dict[int, dict[str, Any]] = field(default_factory=dict)
+    fwd_events: dict[str, list[tuple[str, int]]] = field(default_factory=lambda: defaultdict(list))
+    views: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
+    saved: dict[str, dict[Any, Saved]] = field(default_factory=lambda: defaultdict(dict))
+    # node -> how many of its forward events came before its last saved-tensor pack
+    pack_mark: dict[str, int] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    grad_bytes_end: int = 0
+    shapes: dict[str, str] = field(default_factory=dict)
+    param_bytes: int = 0
+    buffer_bytes: int = 0
+    input_bytes: int = 0
+    peak_bytes: int = 0
+
+
+class _Recorder:
+    """One instrumented step; fills a `_Rec`."""
+
+    def __init__(self, prog: Program, model: nn.Module, inputs: tuple[Any, ...]):
+        self.prog, self.model, self.inputs = prog, model, inputs
+        self.rec = _Rec()
+        self.tracker = StorageTracker(on_alloc=self._alloc, on_free=self._free)
+        self.phase = "f"
+        self.cur: str | None = None
+        self.key2sid: dict[int, int] = {}
+        self.key2gid: dict[int, int] = {}
+        self.gid_bytes: dict[int, int] = {}
+        self.persistent: dict[int, str] = {}
+        self.fns = _GradFnIndex(self._enter_bwd)
+
+    # -- tracker callbacks -----------------------------------------------------------------
+    def _alloc(self, key: int, nbytes: int) -> None:
+        if self.phase == "f":
+            if self.cur is None:
+                raise RuntimeError("storage allocated outside any node during profiling")
+            sid = len(self.rec.storages)
+            self.rec.storages[sid] = {"bytes": nbytes, "producer": self.cur,
+                                      "output": False, "inner_free": False}
+            self.rec.fwd_events[self.cur].append(("a", sid))
+            self.key2sid[key] = sid
+        else:
+            gid = len(self.gid_bytes)
+            self.gid_bytes[gid] = nbytes
+            self.key2gid[key] = gid
+            self.rec.steps[-1]["events"].append(("a", gid, nbytes))
+
+    def _free(self, key: int, nbytes: int) -> None:
+        sid = self.key2sid.pop(key, None)
+        if sid is not None:
+            st = self.rec.storages[sid]
+            if self.phase == "f" and self.cur == st["producer"]:
+                st["inner_free"] = True
+                self.rec.fwd_events[self.cur].append(("f", sid))
+            return
+        gid = self.key2gid.pop(key, None)
+        if gid is not None and self.rec.steps:
+            self.rec.steps[-1]["events"].append(("f", gid, 0))
+
+    def _enter_bwd(self, node: str) -> None:
+        if self.rec.steps[-1]["node"] != node:
+            self.rec.steps.append({"node": node, "events": []})
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if self.phase == "f" and self.cur is not None:
+            # autograd packs an op's saved inputs before the op runs and its saved outputs
+            # after: a replay that stops at this pack has run exactly the events before it
+            self.rec.pack_mark[self.cur] = len(self.rec.fwd_events[self.cur])
+            k = self.tracker.key(t)
+            nbytes = t.untyped_storage().nbytes()
+            if k in self.key2sid:
+                sid = self.key2sid[k]
+                s = Saved(self.rec.storages[sid]["producer"], sid, nbytes)
+                self.rec.saved[self.cur][sid] = s
+            else:
+                src = self.persistent.get(k, "const")
+                self.rec.saved[self.cur][src] = Saved(src, None, nbytes)
+        return t
+
+    # -- the step ------------------------------------------------------------------------
+    def run(self) -> _Rec:
+        rec, tr = self.rec, self.tracker
+        for p in self.model.parameters():
+            p.grad = None
+        for kind, named in (("param", self.model.named_parameters()),
+                            ("buffer", self.model.named_buffers())):
+            for n, t in named:
+                if tr.register(t):
+                    setattr(rec, f"{kind}_bytes",
+                            getattr(rec, f"{kind}_bytes") + t.untyped_storage().nbytes())
+                self.persistent.setdefault(tr.key(t), f"{kind}:{n}")
+        for i, t in enumerate(pytree.tree_leaves(self.inputs)):
+            if isinstance(t, torch.Tensor):
+                if tr.register(t):
+                    rec.input_bytes += t.untyped_storage().nbytes()
+                self.persistent.setdefault(tr.key(t), f"input:{i}")
+        for t in self.prog.attrs.values():  # constants lifted by export
+            if isinstance(t, torch.Tensor):
+                tr.register(t)
+        with tr, torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            loss = self.prog.run(self.inputs, around=self._around)[1]
+            self.cur = None
+            self.phase = "b"
+            rec.steps.append({"node": "", "events": []})
+            loss.backward()
+            del loss
+        rec.grad_bytes_end = sum(self.gid_bytes[g] for g in self.key2gid.values())
+        # the step is over: storages that die later (gradients reset by `preserved_state`)
+        # are not part of it
+        tr.on_alloc = tr.on_free = None
+        rec.peak_bytes = tr.peak_bytes
+        self.fns.clear()
+        return rec
+
+    def _around(self, i: int, node: fx.Node, thunk: Callable[[], Any]) -> Any:
+        self.cur = node.name
+        out = thunk()
+        leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        for t in leaves:
+            sid = self.key2sid.get(self.tracker.key(t))
+            if sid is None:
+                continue
+            if self.rec.storages[sid]["producer"] == node.name:
+                self.rec.storages[sid]["output"] = True
+            else:
+                self.rec.views[sid].add(node.name)
+        self.rec.shapes[node.name] = _shape_str(out)
+        self.fns.claim(node.name, leaves)
+        self.cur = None
+        return out
+
+
+class _GradFnIndex:
+    """Maps the autograd nodes a forward node creates to that node, with pre-hooks that report
+    which forward node's backward is running."""
+
+    def __init__(self, on_enter: Callable[[str], None]):
+        self.on_enter = on_enter
+        self.seen: dict[int, Any] = {}  # id -> grad_fn (kept alive so ids stay unique)
+
+    def claim(self, name: str, outputs: list[torch.Tensor]) -> None:
+        stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+        while stack:
+            fn = stack.pop()
+            if fn is None or id(fn) in self.seen:
+                continue
+            self.seen[id(fn)] = fn
+            if type(fn).__name__ == "AccumulateGrad":
+                continue
+            fn.register_prehook(lambda _g, name=name: self.on_enter(name))
+            stack.extend(f for f, _ in fn.next_functions)
+
+    def clear(self) -> None:
+        self.seen.clear()
+
+
+def _time_steps(prog: Program, model: nn.Module, inputs: tuple[Any, ...], repeats: int,
+                rec: _Rec) -> tuple[dict[str, float], list[float]]:
+    """Median forward time per node, median time per recorded backward step, and each node's
+    median extra forward time under a selective-checkpoint policy (`_time_sac_forward`)."""
+    fwd: dict[str, list[float]] = defaultdict(list)
+    sac: dict[str, list[float]] = defaultdict(list)
+    bwd: list[list[float]] = [[] for _ in rec.steps]
+    for r in range(repeats + 1):  # the first run warms up
+        for p in model.parameters():
+            p.grad = None
+        marks: list[tuple[str, float]] = []
+        index = _GradFnIndex(lambda n: marks.append((n, time.perf_counter()))
+                             if not marks or marks[-1][0] != n else None)
+        times: dict[str, float] = {}
+
+        def around(i: int, node: fx.Node, thunk: Callable[[], Any]) -> Any:
+            t0 = time.perf_counter()
+            out = thunk()
+            times[node.name] = time.perf_counter() - t0
+            index.claim(node.name, [t for t in pytree.tree_leaves(out)
+                                    if isinstance(t, torch.Tensor)])
+            return out
+
+        loss = prog.run(inputs, around=around)[1]
+        marks.append(("", time.perf_counter()))
+        loss.backward()
+        end = time.perf_counter()
+        del loss
+        index.clear()
+        sac_times = _time_sac_forward(prog, inputs)
+        if r == 0:
+            continue
+        for k, v in times.items():
+            fwd[k].append(v)
+        for k, v in sac_times.items():
+            sac[k].append(v)
+        # marks[0] is the seed step; recorded and timed steps run the same sequence
+        seq = marks
+        if [n for n, _ in seq] == [s["node"] for s in rec.steps]:
+            stamps = [t for _, t in seq] + [end]
+            for j in range(len(seq)):
+                bwd[j].append(stamps[j + 1] - stamps[j])
+    for p in model.parameters():
+        p.grad = None
+    fwd_med = {k: statistics.median(v) for k, v in fwd.items()}
+    bwd_med = [statistics.median(v) if v else 0.0 for v in bwd]
+    sac_extra = {k: max(0.0, statistics.median(v) - fwd_med.get(k, 0.0)) for k, v in sac.items()}
+    return fwd_med, bwd_med, sac_extra
+
+
+def _time_sac_forward(prog: Program, inputs: tuple[Any, ...]) -> dict[str, float]:
+    """Each node's forward time under a selective-checkpoint policy's dispatch mode (every op
+    recomputable, so nothing is cached): what a node in a save-set region costs to run."""
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        create_selective_checkpoint_contexts,
+    )
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    times: dict[str, float] = {}
+
+    def around(i: int, node: fx.Node, thunk: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        out = thunk()
+        times[node.name] = time.perf_counter() - t0
+        return out
+
+    fwd_ctx, _ = create_selective_checkpoint_contexts(policy)
+    with fwd_ctx:
+        out = prog.run(inputs, around=around)
+    del out
+    return times
+
+
+def _build(prog: Program, rec: _Rec, fwd_t: dict[str, float], bwd_t: list[float],
+           m: Any, name: str, inputs: tuple[Any, ...],
+           sac_t: dict[str, float] | None = None) -> CostGraph:
+    info = prog.info
+    order = [n.name for n in prog.nodes]
+    last_node = order[-1]
+
+    def last_user(value: str) -> str | None:
+        p = prog.last_read.get(value)
+        if p is None:
+            return None
+        return last_node if p >= len(order) else order[p]
+
+    def where(n: str) -> int:
+        return prog.pos[prog.by_name[n]]
+
+    storages = {}
+    for sid, s in rec.storages.items():
+        readers = [s["producer"]] + sorted(rec.views[sid], key=where)
+        last = s["producer"]
+        if s["output"]:
+            for r in readers:
+                u = last_user(r)
+                if u is not None and where(u) > where(last):
+                    last = u
+        savers = tuple(sorted((n for n, d in rec.saved.items() if sid in d), key=where))
+        views = tuple(readers[1:]) if s["output"] else ()
+        storages[sid] = Storage(sid, s["bytes"], s["producer"], s["output"], s["inner_free"],
+                                last, savers, views)
+    # Node-by-node timing adds Python overhead per node and may run at a busier moment than
+    # the whole-step measurement; scale forward and backward times so that they add up to
+    # the measured unscheduled step, keeping their proportions (what the solvers compare).
+    total = sum(fwd_t.values()) + sum(bwd_t)
+    scale = m.step_s / total if total > 0 and m.step_s > 0 else 1.0
+    fwd_t = {k: v * scale for k, v in fwd_t.items()}
+    bwd_t = [v * scale for v in bwd_t]
+    sac_t = {k: v * scale for k, v in (sac_t or {}).items()}
+    # backward time per node: sum of its steps
+    bwd_by_node: dict[str, float] = defaultdict(float)
+    for step, t in zip(rec.steps, bwd_t):
+        bwd_by_node[step["node"]] += t
+    compute = set(order)
+    nodes = []
+    for n in prog.nodes:
+        path = module_path(n)
+        out_bytes = sum(rec.storages[e[1]]["bytes"] for e in rec.fwd_events.get(n.name, [])
+                        if e[0] == "a" and rec.storages[e[1]]["output"])
+        nodes.append(Node(
+            name=n.name, op=n.op, target=_target_str(n),
+            inputs=tuple(dict.fromkeys(a.name for a in n.all_input_nodes if a.name in compute)),
+            module_path=path, block=block_of(path), is_loss=n.name in info.loss_nodes,
+            time_s=fwd_t.get(n.name, 0.0), bwd_time_s=bwd_by_node.get(n.name, 0.0),
+            out_bytes=out_bytes, saved=tuple(rec.saved.get(n.name, {}).values()),
+            shape=rec.shapes.get(n.name, ""), pack_mark=rec.pack_mark.get(n.name),
+            sac_s=sac_t.get(n.name),
+        ))
+    steps = [BwdStep(s["node"], t, tuple(s["events"])) for s, t in zip(rec.steps, bwd_t)]
+    return CostGraph(
+        name=name, nodes=nodes, storages=storages,
+        fwd_events={k: list(v) for k, v in rec.fwd_events.items()},
+        bwd_steps=steps, param_bytes=rec.param_bytes, buffer_bytes=rec.buffer_bytes,
+        input_bytes=rec.input_bytes, grad_bytes=rec.grad_bytes_end,
+        measured_peak_bytes=m.peak_bytes, measured_step_s=m.step_s,
+        meta={"tracer": info.tracer, "torch": torch.__version__, "device": m.device,
+              "inputs": _shape_str(inputs), "recorded_peak_bytes": rec.peak_bytes,
+              "fallback_reason": info.fallback_reason,
+              # the step holds the loss until backward ends
+              "loss_node": prog.loss_leaf.name if isinstance(prog.loss_leaf, fx.Node) else ""},
+    )
+
+
+def _target_str(n: fx.Node) -> str:
+    t = n.target
+    if isinstance(t, str):
+        return t
+    if isinstance(t, torch._ops.OpOverload):
+        return str(t)
+    return getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or str(t)
+
+
+def _shape_str(value: Any) -> str:
+    parts = []
+    for t in pytree.tree_leaves(value):
+        if isinstance(t, torch.Tensor):
+            dt = str(t.dtype).removeprefix("torch.")
+            parts.append(f"{dt}[{','.join(str(d) for d in t.shape)}]")
+        else:
+            parts.append(type(t).__name__)
+    return " ".join(parts)
+
+
+def traced_fingerprint(gm: fx.GraphModule, model: nn.Module, inputs: tuple[Any, ...]) -> str:
+    """The `CostGraph.fingerprint` that profiling ``gm`` would give, from one no-grad forward
+    (no profiling): used to check that a saved schedule fits a model."""
+    prog = Program(gm)
+    shapes: dict[str, str] = {}
+
+    def around(i: int, node: fx.Node, thunk: Callable[[], Any]) -> Any:
+        out = thunk()
+        shapes[node.name] = _shape_str(out)
+        return out
+
+    with preserved_state(model), torch.no_grad():
+        prog.run(inputs, around=around)
+    compute = {n.name for n in prog.nodes}
+    return structure_fingerprint(
+        (n.name, n.op, _target_str(n),
+         tuple(dict.fromkeys(a.name for a in n.all_input_nodes if a.name in compute)),
+         shapes[n.name], n.name in prog.info.loss_nodes)
+        for n in prog.nodes)

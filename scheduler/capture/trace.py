@@ -1,0 +1,278 @@
+"""Tracing: a model, its example inputs and a loss into one `torch.fx.GraphModule`.
+
+`trace` tries `torch.fx.symbolic_trace` first (module-level nodes, fast, keeps the user's
+modules) and falls back to non-strict `torch.export` (ATen-level training IR; handles Hugging
+Face models and Python that symbolic tracing cannot follow). Either way the graph computes
+``(model_output, loss)`` and `TraceInfo` is attached as ``gm.meta["scheduler"]``.
+
+The default loss (no ``loss_fn``) is deterministic and documented in `default_loss_recipe`.
+The user's model is never modified: tracing runs it once under ``torch.no_grad`` with its
+buffers restored afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.utils import _pytree as pytree
+
+__all__ = ["trace", "TraceError", "TraceInfo", "LossRecipe", "default_loss_recipe",
+           "preserved_state", "model_nodes"]
+
+#: Name of the attribute that holds the user's model inside the traced wrapper.
+MODEL_ATTR = "model"
+_SKIP_TARGETS = {"_guards_fn"}  # export's input guards: not part of the computation
+_STEP_FILE = "<scheduler step>"  # file name of the generated `_Step.forward`
+
+
+class TraceError(RuntimeError):
+    """Neither tracer could capture the model; the message names the failing op and the fix."""
+
+
+@dataclass(frozen=True)
+class LossRecipe:
+    """How the default loss is computed from the model output's pytree leaves.
+
+    ``kind == "scalar"``: the loss is leaf ``indices[0]`` (the model returned a scalar, or a
+    dict/ModelOutput with a scalar ``loss``). ``kind == "mean"``: the loss is the sum of
+    ``leaf.mean()`` over the floating-point leaves ``indices``.
+    """
+
+    kind: str
+    indices: tuple[int, ...]
+
+    def __call__(self, out: Any) -> torch.Tensor:
+        leaves = pytree.tree_leaves(out)
+        if self.kind == "scalar":
+            return leaves[self.indices[0]]
+        loss = leaves[self.indices[0]].mean()
+        for i in self.indices[1:]:
+            loss = loss + leaves[i].mean()
+        return loss
+
+
+def default_loss_recipe(out: Any) -> LossRecipe:
+    """The loss used when no ``loss_fn`` is given, decided from a real model output:
+
+    1. a scalar tensor output is the loss;
+    2. a dict (or Hugging Face ``ModelOutput``) with a scalar tensor under ``"loss"``: that entry;
+    3. otherwise the sum of ``.mean()`` over every floating-point tensor in the output (for a
+       single tensor, its mean), which gives every output element a gradient.
+    """
+    leaves = pytree.tree_leaves(out)
+    if isinstance(out, torch.Tensor) and out.numel() == 1 and out.is_floating_point():
+        return LossRecipe("scalar", (0,))
+    loss = out.get("loss") if hasattr(out, "get") else None
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        idx = next(i for i, t in enumerate(leaves) if t is loss)
+        return LossRecipe("scalar", (idx,))
+    idxs = tuple(i for i, t in enumerate(leaves)
+                 if isinstance(t, torch.Tensor) and t.is_floating_point())
+    if not idxs:
+        raise TraceError(
+            f"the model's output has no floating-point tensor to take a default loss from "
+            f"(got {type(out).__name__}); pass loss_fn=lambda out: ... returning a scalar")
+    return LossRecipe("mean", idxs)
+
+
+@dataclass
+class TraceInfo:
+    """What `trace` learnt, kept in ``gm.meta["scheduler"]``."""
+
+    tracer: str  # "fx" or "export"
+    out_spec: pytree.TreeSpec  # spec of (model_output, loss)
+    loss_fn: Callable[[Any], torch.Tensor]
+    model_outputs: list[str] = field(default_factory=list)  # names of model-output nodes
+    loss_nodes: set[str] = field(default_factory=set)  # nodes that only compute the loss
+    fallback_reason: str = ""  # why symbolic_trace was not used
+
+
+class _Step(nn.Module):
+    """``(model_output, loss)`` of one step: what gets traced. Holds the user's model as a
+    submodule (no copy), so traced parameter names are ``model.<name>``."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable[[Any], torch.Tensor]):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+
+def _step_module(model: nn.Module, loss_fn: Callable[[Any], torch.Tensor],
+                 n_inputs: int) -> _Step:
+    """A `_Step` whose ``forward`` takes exactly ``n_inputs`` named positional arguments
+    (``in_0, in_1, ...``): symbolic tracing needs a fixed signature, not ``*args``."""
+    names = ", ".join(f"in_{i}" for i in range(n_inputs))
+    src = (f"def forward(self, {names}):\n"
+           f"    out = self.model({names})\n"
+           f"    return out, self.loss_fn(out)\n")
+    scope: dict[str, Any] = {}
+    exec(compile(src, _STEP_FILE, "exec"), scope)  # noqa: S102 - fixed template
+    cls = type("_Step", (_Step,), {"forward": scope["forward"]})
+    return cls(model, loss_fn)
+
+
+@contextlib.contextmanager
+def preserved_state(model: nn.Module) -> Iterator[None]:
+    """Restore the model's buffers (e.g. BatchNorm running statistics), parameters' ``.grad``
+    and RNG state on exit, so that profiling and tracing leave the user's model as it was."""
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    grads = [(p, p.grad) for p in model.parameters()]
+    rng = torch.get_rng_state()
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+        for p, g in grads:
+            p.grad = g
+        torch.set_rng_state(rng)
+
+
+def trace(model: nn.Module, example_inputs: Sequence[Any], *,
+          loss_fn: Callable[[Any], torch.Tensor] | None = None) -> fx.GraphModule:
+    """Capture one forward of ``model`` on ``example_inputs``, plus the loss, as a graph.
+
+    Args:
+        model: the model; not modified.
+        example_inputs: positional inputs (a tuple; a single tensor is accepted).
+        loss_fn: ``loss_fn(model_output) -> scalar``; default: `default_loss_recipe`.
+
+    Returns:
+        A ``GraphModule`` computing ``(model_output, loss)`` whose parameters are the model's
+        own objects, with `TraceInfo` in ``gm.meta["scheduler"]``.
+
+    Raises:
+        TraceError: if neither ``torch.fx.symbolic_trace`` nor ``torch.export`` can capture
+            the model; the message names the failing op or line and what to do.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    inputs = as_tuple(example_inputs)
+    with preserved_state(model), torch.no_grad():
+        out = model(*inputs)
+        if loss_fn is None:
+            loss_fn = default_loss_recipe(out)
+        loss = loss_fn(out)
+    if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+        raise TraceError(f"loss_fn must return a scalar tensor, got "
+                         f"{type(loss).__name__}{tuple(getattr(loss, 'shape', ()))}")
+    _, out_spec = pytree.tree_flatten((out, loss))
+    step = _step_module(model, loss_fn, len(inputs))
+
+    fx_error = ""
+    try:
+        gm = fx.symbolic_trace(step)
+        tracer = "fx"
+        _check_fx_outputs(gm, out_spec)
+    except Exception as e:  # noqa: BLE001 - any failure means: try the other tracer
+        fx_error = _first_line(e)
+        try:
+            with preserved_state(model):
+                ep = torch.export.export(step, inputs, strict=False)
+            gm = ep.module()
+            tracer = "export"
+        except Exception as e2:  # noqa: BLE001
+            raise TraceError(
+                f"could not trace {type(model).__name__}: torch.fx.symbolic_trace failed with "
+                f"{fx_error}; torch.export failed with {_first_line(e2)}{_where(e2)}. "
+                "Make the failing line free of data-dependent Python control flow (branch on "
+                "shapes, not tensor values; use torch.where), move it into the loss via "
+                "loss_fn=..., or wrap the model so it returns tensors only") from e2
+    info = TraceInfo(tracer=tracer, out_spec=out_spec, loss_fn=loss_fn,
+                     fallback_reason=fx_error)
+    _classify(gm, info)
+    gm.meta["scheduler"] = info
+    return gm
+
+
+def model_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """The nodes that run, in order: call_module / call_function / call_method (export's
+    input guards excluded)."""
+    return [n for n in gm.graph.nodes
+            if n.op in ("call_module", "call_function", "call_method")
+            and n.target not in _SKIP_TARGETS]
+
+
+def module_path(node: fx.Node) -> str:
+    """Dotted path of the innermost module the node belongs to, without the wrapper prefix."""
+    if node.op == "call_module":
+        path = str(node.target)
+    else:
+        stack = node.meta.get("nn_module_stack") or {}
+        path = list(stack.values())[-1][0] if stack else ""
+    path = re.sub(r"\[(\d+)\]", r".\1", path.replace("L['self'].", ""))
+    path = path.removeprefix(MODEL_ATTR + ".")
+    return "" if path == MODEL_ATTR else path
+
+
+def block_of(path: str) -> str:
+    """The outermost repeated block in a module path: the shortest prefix ending in an integer
+    index (``transformer.h.3.attn`` -> ``transformer.h.3``); "" when there is none."""
+    parts = path.split(".") if path else []
+    for i, p in enumerate(parts):
+        if p.isdigit():
+            return ".".join(parts[: i + 1])
+    return ""
+
+
+def _classify(gm: fx.GraphModule, info: TraceInfo) -> None:
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    flat = pytree.tree_leaves(out_node.args[0])
+    model_leaves = flat[:-1]
+    info.model_outputs = [n.name for n in model_leaves if isinstance(n, fx.Node)]
+    needed: set[fx.Node] = set()
+    stack = [n for n in model_leaves if isinstance(n, fx.Node)]
+    while stack:
+        n = stack.pop()
+        if n in needed:
+            continue
+        needed.add(n)
+        stack.extend(n.all_input_nodes)
+    info.loss_nodes = {n.name for n in model_nodes(gm) if n not in needed}
+
+
+def _check_fx_outputs(gm: fx.GraphModule, out_spec: pytree.TreeSpec) -> None:
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    n = len(pytree.tree_leaves(out_node.args[0]))
+    if n != out_spec.num_leaves:
+        raise TraceError(f"symbolic trace returned {n} output leaves, the model "
+                         f"{out_spec.num_leaves}")
+
+
+def as_tuple(example_inputs: Any) -> tuple[Any, ...]:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, list):
+        return tuple(example_inputs)
+    if not isinstance(example_inputs, tuple):
+        raise TypeError(f"example_inputs must be a tuple of positional inputs, got "
+                        f"{type(example_inputs).__name__}")
+    return example_inputs
+
+
+def _first_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0] if msg else ''}"[:400]
+
+
+def _where(e: BaseException) -> str:
+    """The innermost user-code frame of a traceback, as ' (at file:line: code)'."""
+    import traceback
+
+    # torch's and this package's own files, by location: a user's file may well live under a
+    # directory that is merely *named* "scheduler" or "torch" (e.g. a checkout of this project)
+    own = tuple(os.path.dirname(os.path.abspath(f)) + os.sep for f in (torch.__file__, __file__))
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if f.filename != _STEP_FILE and not os.path.abspath(f.filename).startswith(own)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" (at {f.filename}:{f.lineno}: {f.line})"

@@ -1,0 +1,156 @@
+"""Measured peak memory and step time of one training step.
+
+On CPU the peak comes from `storage.StorageTracker` (live tensor storages, counted); on CUDA
+from ``torch.cuda.max_memory_allocated``. Step time is the median of real steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn as nn
+
+from ..capture.trace import as_tuple, default_loss_recipe, preserved_state
+from .storage import StorageTracker, base_bytes, state_tensors
+
+__all__ = ["Measurement", "measure", "measure_in_turns"]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured training step (forward, loss, backward)."""
+
+    peak_bytes: int  # peak of live tensor memory over the step, base included
+    base_bytes: int  # alive before the step: parameters, buffers, inputs
+    step_s: float  # median wall time of a step
+    step_s_all: tuple[float, ...]  # every timed step
+    loss: float
+    device: str
+    # with ``measure(..., timeline=True)`` on CPU: live bytes after every allocation and free
+    # of the tracked step, base included (empty otherwise)
+    timeline: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    timeline_backward_at: int = field(default=0, repr=False, compare=False)  # its first index
+    # in backward
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("timeline")
+        d.pop("timeline_backward_at")
+        return d
+
+
+def measure(module: nn.Module, example_inputs: Sequence[Any], *,
+            loss_fn: Callable[[Any], torch.Tensor] | None = None, repeats: int = 5,
+            warmup: int = 1, timeline: bool = False) -> Measurement:
+    """Run real training steps of ``module`` and measure peak memory and step time.
+
+    One step is ``loss_fn(module(*inputs)).backward()`` with gradients starting at ``None``.
+    The module's state (buffers, ``.grad``, RNG) is restored afterwards.
+
+    Args:
+        module: any module, e.g. a checkpointed one from `scheduler.apply`; its default
+            ``loss_fn`` is the one it was traced with, else `trace.default_loss_recipe`.
+        example_inputs: positional inputs.
+        loss_fn: ``loss_fn(output) -> scalar``.
+        repeats: timed steps (the median is reported).
+        warmup: untimed steps first.
+        timeline: on CPU, also record the live bytes after every allocation and free of the
+            tracked step (`Measurement.timeline`, for `report.plot_timeline`).
+
+    Returns:
+        `Measurement`. On CPU the peak comes from `StorageTracker` (a separate, untimed step);
+        on CUDA from ``torch.cuda.max_memory_allocated``.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    inputs = as_tuple(example_inputs)
+    loss_fn = loss_fn or getattr(module, "loss_fn", None)
+    params = list(module.parameters())
+    device = params[0].device if params else torch.device("cpu")
+
+    trace: list[int] = []
+    backward_at = [0]
+
+    def step() -> torch.Tensor:
+        for p in params:
+            p.grad = None
+        out = module(*inputs)
+        fn = loss_fn or default_loss_recipe(out)
+        loss = fn(out)
+        del out
+        backward_at[0] = len(trace)
+        loss.backward()
+        return loss.detach()
+
+    with preserved_state(module):
+        for _ in range(warmup):
+            step()
+        times = []
+        for _ in range(repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+        for p in params:
+            p.grad = None
+        base = base_bytes(module, inputs)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            start = torch.cuda.memory_allocated(device)
+            loss = step()
+            torch.cuda.synchronize(device)
+            peak = torch.cuda.max_memory_allocated(device) - start + base
+        else:
+            trace.clear()
+            active = [timeline]
+
+            def record(_key: int, _nbytes: int) -> None:
+                if active[0]:  # frees after the step (weak references) are not part of it
+                    trace.append(tracker.current_bytes)
+
+            tracker = StorageTracker(on_alloc=record, on_free=record)
+            for t in state_tensors(module, inputs):
+                tracker.register(t)
+            with tracker:
+                loss = step()
+            active[0] = False
+            peak = tracker.peak_bytes
+        for p in params:
+            p.grad = None
+    return Measurement(peak_bytes=int(peak), base_bytes=base,
+                       step_s=statistics.median(times), step_s_all=tuple(times),
+                       loss=float(loss), device=str(device),
+                       timeline=tuple(trace) if device.type != "cuda" else (),
+                       timeline_backward_at=backward_at[0] if device.type != "cuda" else 0)
+
+
+def measure_in_turns(cases: dict[Any, tuple[nn.Module, Sequence[Any]]], *, repeats: int,
+                     loss_fn: Callable[[Any], torch.Tensor] | None = None,
+                     step: Callable[..., None] | None = None) -> dict[Any, Measurement]:
+    """Measure each ``(module, inputs)`` case in ``repeats`` rounds of one timed step each, so
+    that a burst of load from elsewhere on the machine slows all of them alike rather than one:
+    each case's step time is the median over its rounds, its peak the largest (on CPU every
+    round's peak is the same). ``step(description)`` and ``step(advance=1)`` report progress."""
+    runs: dict[Any, list[Measurement]] = {key: [] for key in cases}
+    for i in range(repeats):
+        for j, (key, (module, inputs)) in enumerate(cases.items()):
+            if step is not None:
+                step(f"measuring: round {i + 1}/{repeats}, case {j + 1}/{len(cases)}")
+            runs[key].append(measure(module, inputs, loss_fn=loss_fn, repeats=1,
+                                     warmup=int(i == 0)))
+            if step is not None:
+                step(advance=1)
+    out = {}
+    for key, ms in runs.items():
+        times = tuple(t for m in ms for t in m.step_s_all)
+        out[key] = replace(ms[0], peak_bytes=max(m.peak_bytes for m in ms),
+                           step_s=statistics.median(times), step_s_all=times)
+    return out

@@ -1,0 +1,246 @@
+"""The public entry points that tie the pipeline together: `solve`, `solve_graph`, `apply`.
+
+``solve`` traces and profiles a model once, solves for a schedule under a budget and rewrites
+the model into a `Plan`; ``solve_graph`` is the torch-free middle step on a `CostGraph`;
+``apply`` re-applies a saved schedule without solving.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn as nn
+
+from .budget import budget_spec, infeasible_error, parse_budget
+from .capture.profile import profile_traced, traced_fingerprint
+from .capture.trace import as_tuple, trace
+from .cost.simulate import Estimate, simulate
+from .ir.graph import CostGraph
+from .ir.schedule import Schedule, ScheduleError
+from .measurement.step import measure
+from .report import plot_timeline
+from .rewrite import CheckpointedModule, rewrite
+from .solvers.base import INFEASIBLE, SolveResult, get_solver
+from .units import format_bytes, format_seconds
+
+__all__ = ["Plan", "apply", "solve", "solve_graph"]
+
+@dataclass(eq=False, repr=False)
+class Plan:
+    """What `solve` returns: the checkpointed module and everything that explains it.
+
+    Attributes:
+        module: the drop-in checkpointed model (shares the original's parameters).
+        schedule: the `Schedule` it runs (with solver, status, budget and estimate stamped).
+        estimate: `simulate`'s prediction for the schedule.
+        status: ``OPTIMAL`` (proven optimal over the full schedule space) or ``FEASIBLE``
+            (``result.space_optimal`` says whether it is proven optimal over the solver's
+            own space, ``schedule.meta["space"]``).
+        gap: proven relative gap to the full space's lower bound, or None where the solver
+            has no bound (the baselines).
+        solve_s: seconds the solver ran.
+        graph: the profiled `CostGraph`.
+        result: the solver's full `SolveResult`.
+        budget_bytes: the budget asked for, in bytes (``result.budget_bytes`` is what the
+            solver got, after any headroom).
+        unconstrained_peak_bytes: the predicted peak without checkpointing.
+    """
+
+    module: CheckpointedModule
+    schedule: Schedule
+    estimate: Estimate
+    status: str
+    gap: float | None
+    solve_s: float
+    graph: CostGraph
+    result: SolveResult
+    budget_bytes: int
+    unconstrained_peak_bytes: int = field(default=0)
+
+    def save(self, path: str | Path) -> None:
+        """Write the schedule as JSON, to re-apply later with `scheduler.apply`."""
+        self.schedule.save(path)
+
+    def plot_timeline(self, path: str | Path | None = None, *, title: str = "",
+                      inputs: Sequence[Any] | None = None) -> Any:
+        """Plot the predicted live memory over one training step (forward, recompute bursts,
+        backward) against the budget, see `report.plot_timeline`; with ``inputs``, also the
+        memory measured over one real step of ``plan.module`` (CPU only: live-storage
+        tracking; on CUDA only the prediction is drawn).
+
+        Args:
+            path: where to write the PNG; None to only build the figure.
+            title: the axes title (default: the solver, status and overhead).
+            inputs: example inputs to run one measured step with.
+
+        Returns:
+            The matplotlib ``Figure``.
+        """
+        e = self.estimate
+        title = title or (f"{self.result.solver} ({self.status}): memory over one step, "
+                          f"recompute {format_seconds(e.recompute_s)} (+{e.overhead:.1%})")
+        measured: tuple[int, ...] = ()
+        split = 0
+        if inputs is not None:
+            m = measure(self.module, inputs, repeats=1, warmup=0, timeline=True)
+            measured, split = m.timeline, m.timeline_backward_at
+        return plot_timeline(e, path, budget_bytes=self.budget_bytes, title=title,
+                             measured=measured, measured_backward_at=split)
+
+    def summary(self) -> str:
+        """A few lines: status, budget, predicted peak, recompute time, regions."""
+        e = self.estimate
+        gap = "n/a" if self.gap is None else f"{self.gap:.1%}"
+        unconstrained = (f" (unscheduled {format_bytes(self.unconstrained_peak_bytes)})"
+                         if self.unconstrained_peak_bytes else "")
+        rc = len(self.schedule.recompute_regions)
+        space = self.schedule.meta.get("space")
+        if self.status == "OPTIMAL":
+            over = " over the full schedule space"
+        elif space and self.schedule.meta.get("space_optimal"):
+            over = f" (optimal over {space})"
+        else:
+            over = ""
+        return "\n".join([
+            f"{self.result.solver}: {self.status}{over}, gap {gap}, solved in "
+            f"{format_seconds(self.solve_s)}",
+            f"  budget          {format_bytes(self.budget_bytes)}",
+            f"  predicted peak  {format_bytes(e.peak_bytes)}{unconstrained}",
+            f"  recompute       {format_seconds(e.recompute_s)} "
+            f"(+{e.overhead:.1%} of the step, {format_seconds(e.step_s)} in all)",
+            f"  regions         {len(self.schedule.regions)} ({rc} recomputed)",
+        ])
+
+    def __repr__(self) -> str:
+        return (f"Plan({self.result.solver} {self.status}: peak "
+                f"{format_bytes(self.estimate.peak_bytes)} <= budget "
+                f"{format_bytes(self.budget_bytes)}, recompute "
+                f"{format_seconds(self.estimate.recompute_s)} (+{self.estimate.overhead:.1%}), "
+                f"{len(self.schedule.recompute_regions)}/{len(self.schedule.regions)} regions "
+                "recomputed)")
+
+
+def apply(model: nn.Module, schedule: Schedule | str | Path, example_inputs: Sequence[Any], *,
+          loss_fn: Callable[[Any], torch.Tensor] | None = None) -> CheckpointedModule:
+    """Return ``model`` with a saved schedule applied, without solving.
+
+    Args:
+        model: the model the schedule was solved for (not modified; the result shares its
+            parameters).
+        schedule: a `Schedule` or the path of one saved with ``Schedule.save``/``plan.save``.
+        example_inputs: inputs with the shapes the schedule was solved for.
+        loss_fn: the loss used when solving, if any.
+
+    Raises:
+        ScheduleError: the schedule's file is malformed, or it was made for a model whose
+            structure or input shapes differ (the message says which).
+    """
+    if not isinstance(schedule, Schedule):
+        schedule = Schedule.load(schedule)
+    inputs = as_tuple(example_inputs)
+    gm = trace(model, inputs, loss_fn=loss_fn)
+    if schedule.fingerprint:
+        fp = traced_fingerprint(gm, model, inputs)
+        if fp != schedule.fingerprint:
+            raise ScheduleError(
+                f"the schedule was made for a graph with fingerprint {schedule.fingerprint!r}, "
+                f"but {type(model).__name__} with inputs "
+                f"{[tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor)]} traces to "
+                f"{fp!r}: the model's structure or input shapes differ; solve again for it")
+    return rewrite(gm, schedule, model)
+
+
+def solve_graph(graph: CostGraph, budget: int | float | str, *, solver: str = "auto",
+                time_limit_s: float | None = 30.0, headroom: float = 0.0) -> SolveResult:
+    """Solve a profiled graph for the schedule with the least recompute time within a budget.
+
+    Args:
+        graph: the profiled `CostGraph`.
+        budget: see `parse_budget`; fractions refer to ``simulate(graph, Schedule.none(graph))``.
+        solver: a registered solver name (`scheduler.solvers.available`), e.g. ``"auto"``,
+            ``"dp"``, ``"greedy"``, ``"uniform:4"``.
+        time_limit_s: passed to the solver (the baselines ignore it).
+        headroom: fraction of the budget held back for error in the cost model: the solver gets
+            ``budget * (1 - headroom)``. In [0, 1); default 0, because the budget given here
+            is the step's peak the caller asks for (`advise` and `max_batch`, which start
+            from a device's memory, default to 0.1).
+
+    Returns:
+        The solver's `SolveResult`, ``OPTIMAL`` or ``FEASIBLE``; its ``budget_bytes`` is the
+        budget after headroom.
+
+    Raises:
+        InfeasibleBudgetError: the solver found nothing that fits; the message names the
+            smallest feasible budget.
+        UnknownSolverError: ``solver`` is not registered (the message lists valid names).
+        ValueError: a bad budget or headroom.
+    """
+    if not (isinstance(headroom, numbers.Real) and 0 <= headroom < 1):
+        raise ValueError(f"headroom must be a fraction in [0, 1), got {headroom!r}")
+    solve_fn = get_solver(solver)
+    unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
+    budget_bytes = parse_budget(budget, unconstrained)
+    target = int(budget_bytes * (1 - headroom))
+    result = solve_fn(graph, target, time_limit_s=time_limit_s)
+    if result.status == INFEASIBLE:
+        raise infeasible_error(graph, solver, result, budget_bytes, headroom)
+    return result
+
+
+def solve(model: nn.Module, example_inputs: Sequence[Any], *, budget: int | float | str,
+          loss_fn: Callable[[Any], torch.Tensor] | None = None, solver: str = "auto",
+          time_limit_s: float | None = 30.0, headroom: float = 0.0, repeats: int = 3,
+          progress: Callable[[str], None] | None = None) -> Plan:
+    """Find the checkpointing schedule with the least recompute time whose predicted peak
+    memory fits ``budget``, and apply it.
+
+    Traces the model once, profiles one training step (``repeats`` timed repeats), solves
+    (`solve_graph`) and rewrites the model (`rewrite`). The model is not modified.
+
+    Args:
+        model: the model.
+        example_inputs: positional inputs with the shapes to plan for.
+        budget: peak bytes of one forward + backward step, see `parse_budget`: ``"6GiB"``,
+            ``6 * 2**30``, ``0.6`` or ``"60%"`` of the unconstrained predicted peak.
+        loss_fn: ``loss_fn(output) -> scalar``; default `trace.default_loss_recipe`.
+        solver: a registered solver name; ``"auto"`` picks the exact one for the graph.
+        time_limit_s: the solver's time limit.
+        headroom: fraction of the budget held back for cost-model error (see `solve_graph`);
+            default 0: the budget is the peak asked for. Pass 0.1 to keep 10% in reserve.
+        repeats: timed profile steps (medians are kept).
+        progress: called with a short message as each phase starts.
+
+    Returns:
+        A `Plan`: ``plan.module``, ``plan.estimate``, ``plan.status``, ``plan.save(path)``.
+
+    Raises:
+        InfeasibleBudgetError: nothing fits; the message names the smallest feasible budget.
+        TraceError: the model cannot be traced.
+        ValueError: a bad budget (checked before profiling), solver name or headroom.
+
+    Example:
+        >>> plan = scheduler.solve(model, (x,), budget="60%", solver="greedy")  # doctest: +SKIP
+        >>> loss = plan.module(x).sum(); loss.backward()  # doctest: +SKIP
+    """
+    budget_spec(budget)  # fail now, not after profiling
+    get_solver(solver)
+    say = progress or (lambda _msg: None)
+    inputs = as_tuple(example_inputs)
+    say("tracing")
+    gm = trace(model, inputs, loss_fn=loss_fn)
+    graph = profile_traced(gm, model, inputs, repeats=repeats, name=type(model).__name__,
+                           progress=say)
+    say(f"solving with {solver}")
+    result = solve_graph(graph, budget, solver=solver, time_limit_s=time_limit_s,
+                         headroom=headroom)
+    assert result.schedule is not None and result.estimate is not None, result
+    unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
+    return Plan(module=rewrite(gm, result.schedule, model), schedule=result.schedule,
+                estimate=result.estimate, status=result.status, gap=result.gap,
+                solve_s=result.solve_s, graph=graph, result=result,
+                budget_bytes=parse_budget(budget, unconstrained),
+                unconstrained_peak_bytes=unconstrained)

@@ -1,0 +1,1 @@
+"""Aids for tests and benchmarks: synthetic cost graphs with known structure."""

@@ -1,0 +1,544 @@
+"""Advice before remedy: where one training step's memory goes, and what makes it fit.
+
+`advise` measures a real, steady-state training step with its optimizer
+(`measure.measure_training_step`), splits the peak into parameters, gradients, optimizer
+state, saved activations and the rest, and compares it with a device's memory less headroom.
+When the step does not fit, it prices every remedy this package can predict, for the same
+logical batch: checkpointing alone (the optimal plan), and gradient accumulation over 2, 4, ...
+micro-batches with and without checkpointing; the fastest option that fits is the
+recommendation. When none fits, the advice says how far off the best one is and names the
+remedies that target what dominates (sharding, lower-precision optimizer state, a smaller
+model) instead of checkpointing.
+
+How a step's peak is counted: the optimizer creates its state in its first step, so from the
+second step on the state is alive through forward and backward, and the peak of a step is
+``max(forward/backward peak + state, optimizer-step peak)``. With gradient accumulation every
+micro-batch after the first starts with all gradients alive, and backward adds each new
+gradient into the old one (both alive for a moment).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import numbers
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn as nn
+
+from ..budget import InfeasibleBudgetError
+from ..capture.profile import profile_traced
+from ..capture.trace import as_tuple, trace
+from ..cost.simulate import simulate
+from ..ir.graph import CostGraph, with_step_time
+from ..ir.schedule import Schedule
+from ..measurement.breakdown import (
+    PARTS,
+    StepBreakdown,
+    get_optimizer,
+    measure_training_step,
+)
+from ..measurement.step import measure, measure_in_turns
+from ..plan import solve_graph
+from ..rewrite import rewrite
+from ..units import format_bytes, format_seconds, parse_bytes
+
+__all__ = ["Advice", "Option", "accumulation_graph", "advise", "check_headroom",
+           "parse_memory", "recommend"]
+
+#: Recommendation kinds, in the order `recommend` considers them.
+FITS, CHECKPOINT, ACCUMULATE, ACCUMULATE_CHECKPOINT, BEYOND = (
+    "fits", "checkpoint", "accumulate", "accumulate+checkpoint", "beyond_checkpointing")
+
+#: What to do when parameters, gradients or optimizer state keep the step from fitting.
+REMEDIES: dict[str, tuple[str, ...]] = {
+    "optimizer_state": (
+        "shard the optimizer state across devices (ZeRO-1, FSDP)",
+        "keep the optimizer state in lower precision (8-bit or bf16 Adam, e.g. bitsandbytes "
+        "AdamW8bit) or use an optimizer with less state (SGD with momentum, Adafactor)",
+        "offload the optimizer state to CPU memory"),
+    "gradients": (
+        "shard the gradients across devices (ZeRO-2, FSDP)",
+        "keep gradients in lower precision (bf16 mixed precision)",
+        "apply the optimizer in backward so each gradient is freed once used"),
+    "parameters": (
+        "shard the parameters across devices (FSDP, ZeRO-3)",
+        "keep the parameters in lower precision (bf16)"),
+    "activations": (
+        "shorten the sequences or shrink the images: one example's activations do not fit",
+        "offload saved activations to CPU memory"),
+}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to train the same logical batch, as predicted.
+
+    ``predicted_peak_bytes`` is the option's peak (optimizer state included); where no schedule
+    fits it is the smallest peak any schedule reaches. ``predicted_time_s`` is the time per
+    logical batch: ``micro_batches`` forward+backward steps plus one optimizer step.
+    """
+
+    name: str
+    micro_batches: int
+    micro_batch_size: int | None  # None: the inputs have no common batch dimension
+    checkpoint: bool
+    predicted_peak_bytes: int
+    predicted_time_s: float
+    fits: bool
+    overhead: float = 0.0  # recompute time over the unscheduled micro-step, when checkpointed
+    note: str = ""
+
+
+@dataclass(eq=False)
+class Advice:
+    """What `advise` found; ``str(advice)`` is a readable report, `to_json` the data.
+
+    Attributes:
+        device_memory_bytes / headroom / usable_bytes: the device and the share of it a step
+            may use, ``usable_bytes = device_memory_bytes * (1 - headroom)``.
+        breakdown: the measured step (`StepBreakdown`: parts add up to its peak).
+        fits: whether the measured step fits ``usable_bytes``.
+        recommendation: one of ``fits``, ``checkpoint``, ``accumulate``,
+            ``accumulate+checkpoint``, ``beyond_checkpointing``.
+        summary: the recommendation in a few sentences, with the numbers behind it.
+        remedies: what to do instead, where checkpointing and accumulation cannot help.
+        shortfall_bytes: how far the best option is over ``usable_bytes`` (0 when one fits).
+        options: every option priced (empty when the step fits as it is).
+        chosen: the recommended option, if any.
+        measured: for a recommended checkpointed option, its plan measured:
+            ``predicted_overhead``, ``measured_overhead``, ``predicted_peak_bytes``,
+            ``measured_peak_bytes`` (optimizer state included, and for accumulation the
+            gradients held from earlier micro-batches).
+        plan_module: the recommended option's checkpointed module (not exported to JSON).
+        schedules: each checkpointed option's `Schedule` that fits, by option name (not
+            exported to JSON; ``scheduler.apply`` runs one on the model at that micro-batch).
+    """
+
+    device_memory_bytes: int
+    headroom: float
+    usable_bytes: int
+    breakdown: StepBreakdown
+    fits: bool
+    recommendation: str
+    summary: str
+    remedies: list[str] = field(default_factory=list)
+    shortfall_bytes: int = 0
+    options: list[Option] = field(default_factory=list)
+    chosen: Option | None = None
+    measured: dict[str, Any] | None = None
+    plan_module: nn.Module | None = field(default=None, repr=False)
+    schedules: dict[str, Schedule] = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (bytes as ints, times in seconds), for JSON."""
+        peak = self.breakdown.peak_bytes
+        return {
+            "device_memory_bytes": self.device_memory_bytes, "headroom": self.headroom,
+            "usable_bytes": self.usable_bytes, "fits": self.fits,
+            "breakdown": {**self.breakdown.to_dict(),
+                          "percent": {k: 100 * v / peak if peak else 0.0
+                                      for k, v in self.breakdown.parts.items()}},
+            "recommendation": self.recommendation, "summary": self.summary,
+            "remedies": list(self.remedies), "shortfall_bytes": self.shortfall_bytes,
+            "options": [asdict(o) for o in self.options],
+            "chosen": None if self.chosen is None else self.chosen.name,
+            "measured": self.measured,
+        }
+
+    def to_json(self, **kwargs: Any) -> str:
+        """`to_dict` as JSON (``json.dumps`` keyword arguments pass through)."""
+        return json.dumps(self.to_dict(), **{"indent": 2, **kwargs})
+
+    def renderables(self) -> list[Any]:
+        """rich tables and text: the breakdown, the options, the recommendation."""
+        from rich.table import Table
+        from rich.text import Text
+
+        b = self.breakdown
+        t = Table(title=f"Peak of one training step ({b.optimizer}, {b.device}): "
+                        f"{format_bytes(b.peak_bytes)}, in {b.phase}", title_justify="left")
+        t.add_column("part")
+        t.add_column("bytes", justify="right")
+        t.add_column("share", justify="right")
+        for k in PARTS:
+            v = b.parts[k]
+            t.add_row(k.replace("_", " "), format_bytes(v),
+                      f"{v / b.peak_bytes:.1%}" if b.peak_bytes else "n/a")
+        t.add_row("usable", format_bytes(self.usable_bytes),
+                  f"{format_bytes(self.device_memory_bytes)} less {self.headroom:.0%}",
+                  style="bold")
+        out: list[Any] = [t]
+        if self.options:
+            o = Table(title="Options for the same logical batch (predicted)",
+                      title_justify="left")
+            for col in ("option", "micro-batch", "peak", "time per batch", "fits"):
+                o.add_column(col, justify="left" if col == "option" else "right")
+            for opt in self.options:
+                mark = "<- fastest that fits" if opt is self.chosen else ""
+                o.add_row(opt.name, "n/a" if opt.micro_batch_size is None else
+                          f"{opt.micro_batches} x {opt.micro_batch_size}",
+                          format_bytes(opt.predicted_peak_bytes),
+                          format_seconds(opt.predicted_time_s),
+                          ("yes " if opt.fits else "no ") + mark)
+            out.append(o)
+        out.append(Text(f"Recommendation ({self.recommendation}): {self.summary}"))
+        out += [Text(f"  - {r}") for r in self.remedies]
+        return out
+
+    def to_text(self, width: int = 100) -> str:
+        """The report as plain text."""
+        from rich.console import Console
+
+        buf = io.StringIO()
+        console = Console(file=buf, width=width, no_color=True, highlight=False)
+        for r in self.renderables():
+            console.print(r)
+        return buf.getvalue()
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+
+def parse_memory(value: int | str, what: str = "device_memory") -> int:
+    """Bytes from an int or a string such as ``"24GiB"``; ``what`` names it in errors.
+
+    Raises:
+        ValueError: zero, negative, non-integral, bools or garbage, naming the value and the
+            accepted forms.
+    """
+    forms = "a positive number of bytes: an int such as 25769803776 or a string like '24GiB'"
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, str)):
+        raise ValueError(f"bad {what} {value!r}: expected {forms}")
+    if isinstance(value, numbers.Integral):
+        if value < 1:
+            raise ValueError(f"bad {what} {value!r}: it must be positive; expected {forms}")
+        return int(value)
+    try:
+        return parse_bytes(value)
+    except ValueError:
+        raise ValueError(f"bad {what} {value!r}: expected {forms}") from None
+
+
+def check_headroom(headroom: Any) -> float:
+    """``headroom`` as a float in [0, 1), or a ValueError that says so."""
+    if (isinstance(headroom, bool) or not isinstance(headroom, numbers.Real)
+            or not 0 <= headroom < 1):
+        raise ValueError(f"headroom must be a fraction in [0, 1) of the memory held back "
+                         f"(e.g. 0.1 for 10%), got {headroom!r}")
+    return float(headroom)
+
+
+def accumulation_graph(graph: CostGraph) -> CostGraph:
+    """The graph of a gradient-accumulation micro-step after the first: every gradient the
+    step leaves behind is alive from the start (counted with the base bytes), and where
+    backward produces one, it is added into the old one and freed (both alive for a moment),
+    as ``AccumulateGrad`` does. Simulating or solving it predicts accumulation's peak."""
+    final: dict[int, int] = {}  # gradient id -> bytes, for those alive after backward
+    for step in graph.bwd_steps:
+        for kind, gid, b in step.events:
+            if kind == "a":
+                final[gid] = b
+            else:
+                final.pop(gid, None)
+    steps = [replace(step, events=step.events + tuple(
+        ("f", gid, 0) for kind, gid, _ in step.events if kind == "a" and gid in final))
+        for step in graph.bwd_steps]
+    return replace(graph, bwd_steps=steps, buffer_bytes=graph.buffer_bytes + sum(final.values()),
+                   meta={**graph.meta, "accumulation": True})
+
+
+def recommend(options: Sequence[Option]) -> tuple[str, Option | None]:
+    """The recommendation kind and the option it picks: the fastest option that fits; the
+    first option is the step as it is. Pure: a table of literal options decides it."""
+    if options and options[0].fits:
+        return FITS, options[0]
+    fitting = [o for o in options if o.fits]
+    if not fitting:
+        return BEYOND, None
+    best = min(fitting, key=lambda o: (o.predicted_time_s, o.micro_batches))
+    if best.micro_batches == 1:
+        return CHECKPOINT, best
+    return (ACCUMULATE_CHECKPOINT if best.checkpoint else ACCUMULATE), best
+
+
+def advise(model: nn.Module, example_inputs: Sequence[Any], *, device_memory: int | str,
+           optimizer: str | Callable[[Any], torch.optim.Optimizer] = "adamw",
+           optimizer_state_bytes: int | str | None = None,
+           loss_fn: Callable[[Any], torch.Tensor] | None = None, headroom: float = 0.1,
+           micro_batches: Sequence[int] | None = None, solver: str = "auto",
+           time_limit_s: float | None = 30.0, repeats: int = 3,
+           progress: Callable[[str], None] | None = None) -> Advice:
+    """Measure where one training step's memory goes and recommend what makes it fit.
+
+    Args:
+        model: the model (not modified: the optimizer runs on a copy).
+        example_inputs: positional inputs of one logical batch; tensors whose first
+            dimension is the batch size are sliced into micro-batches.
+        device_memory: the device's memory in bytes (``"24GiB"`` or an int).
+        optimizer: a name (``"adamw"``, ``"adam"``, ``"sgd"``, ``"sgd_momentum"``,
+            ``"rmsprop"``, ``"adagrad"``) or ``params -> torch.optim.Optimizer``; one real step
+            of it measures its state and its step's temporaries.
+        optimizer_state_bytes: the optimizer state's size instead (then no optimizer runs).
+        loss_fn: ``loss_fn(output) -> scalar``; default `trace.default_loss_recipe`.
+        headroom: fraction of ``device_memory`` held back (allocator fragmentation, shapes that
+            vary, cost-model error); default 0.1. In [0, 1).
+        micro_batches: micro-batch counts to price for gradient accumulation; default 2, 4, 8
+            (those that divide the batch).
+        solver, time_limit_s: passed to `solve_graph` for the checkpointing plans.
+        repeats: timed steps per measurement and profile.
+        progress: called with a short message as each phase starts.
+
+    Returns:
+        An `Advice`: ``print(advice)`` for the report, ``advice.to_json()`` for the data.
+
+    Raises:
+        ValueError: a bad ``device_memory``, ``headroom``, ``micro_batches`` or optimizer
+            name (the message lists the valid ones).
+        TraceError: the model cannot be traced (only when the step does not fit as it is).
+
+    Example:
+        >>> advice = scheduler.advise(model, (x,), device_memory="24GiB")  # doctest: +SKIP
+        >>> print(advice); advice.recommendation  # doctest: +SKIP
+    """
+    device_bytes = parse_memory(device_memory)
+    headroom = check_headroom(headroom)
+    state_bytes = None
+    if optimizer_state_bytes is not None:  # 0 is a valid size (plain SGD keeps no state)
+        state_bytes = (0 if optimizer_state_bytes == 0 and not isinstance(
+            optimizer_state_bytes, bool) else parse_memory(optimizer_state_bytes,
+                                                           "optimizer_state_bytes"))
+    if state_bytes is None and not callable(optimizer):
+        get_optimizer(optimizer)
+    inputs = as_tuple(example_inputs)
+    batch = _batch_size(inputs)
+    ks = _micro_batch_counts(micro_batches, batch)
+    say = progress or (lambda _msg: None)
+    usable = int(device_bytes * (1 - headroom))
+
+    say("measuring a training step with its optimizer")
+    bd = measure_training_step(model, inputs, loss_fn=loss_fn, optimizer=optimizer,
+                               optimizer_state_bytes=state_bytes, repeats=repeats)
+    advice = Advice(device_memory_bytes=device_bytes, headroom=headroom, usable_bytes=usable,
+                    breakdown=bd, fits=bd.peak_bytes <= usable, recommendation=FITS,
+                    summary="")
+    share = _shares(bd)
+    if advice.fits:
+        advice.summary = (
+            f"the step fits: it peaks at {format_bytes(bd.peak_bytes)}, "
+            f"{bd.peak_bytes / usable:.0%} of the usable {format_bytes(usable)}. No "
+            f"checkpointing needed: it would only add recompute time.")
+        return advice
+
+    pricer = _Pricer(model, inputs, loss_fn, bd, usable, solver, time_limit_s, repeats, say)
+    options = pricer.options(batch, ks)
+    kind, chosen = recommend(options)
+    advice.options, advice.recommendation, advice.chosen = options, kind, chosen
+    advice.schedules = dict(pricer.schedules)
+    over = bd.peak_bytes - usable
+    if chosen is None:
+        best = min(options, key=lambda o: o.predicted_peak_bytes)
+        advice.shortfall_bytes = best.predicted_peak_bytes - usable
+        advice.summary = _beyond_summary(bd, share, best, usable)
+        advice.remedies = _remedies(bd)
+        return advice
+    say(f"measuring the plan of {chosen.name!r}")
+    advice.plan_module, advice.measured = pricer.measure(chosen)
+    acts = f"saved activations are {share['activations']:.0%} of the peak"
+    alts = ", ".join(f"{o.name} {format_seconds(o.predicted_time_s)}"
+                     for o in options[1:] if o.fits and o is not chosen)
+    alts = f" (other options that fit: {alts})" if alts else ""
+    head = f"the step needs {format_bytes(over)} more than the usable {format_bytes(usable)}"
+    if kind == CHECKPOINT:
+        m = advice.measured or {}
+        advice.summary = (
+            f"{head}; {acts}, and the optimal checkpointing plan fits (predicted peak "
+            f"{format_bytes(chosen.predicted_peak_bytes)}). Checkpoint: predicted overhead "
+            f"+{chosen.overhead:.1%}, measured +{m.get('measured_overhead', float('nan')):.1%} "
+            f"of the step, {format_seconds(chosen.predicted_time_s)} per batch, the fastest "
+            f"option that fits{alts}.")
+    else:
+        how = " with checkpointing" if chosen.checkpoint else ""
+        advice.summary = (
+            f"{head}; {acts}. Accumulate gradients over {chosen.micro_batches} micro-batches "
+            f"of {chosen.micro_batch_size}{how}: predicted peak "
+            f"{format_bytes(chosen.predicted_peak_bytes)}, "
+            f"{format_seconds(chosen.predicted_time_s)} per batch, the fastest option that "
+            f"fits{alts}.")
+    return advice
+
+
+# ------------------------------------------------------------------ pricing the options
+
+
+class _Pricer:
+    """Profiles the batch and its micro-batches once each and prices every option."""
+
+    def __init__(self, model: nn.Module, inputs: tuple[Any, ...], loss_fn: Any,
+                 bd: StepBreakdown, usable: int, solver: str, time_limit_s: float | None,
+                 repeats: int, say: Callable[[str], None]):
+        self.model, self.inputs, self.loss_fn = model, inputs, loss_fn
+        self.bd, self.usable, self.solver, self.time_limit_s = bd, usable, solver, time_limit_s
+        self.repeats, self.say = repeats, say
+        self.state = bd.parts["optimizer_state"]
+        self.cache: dict[int, tuple[Any, CostGraph, tuple[Any, ...]]] = {}
+        self.schedules: dict[str, Schedule] = {}
+
+    def _graph(self, k: int) -> tuple[Any, CostGraph, tuple[Any, ...]]:
+        if k not in self.cache:
+            inputs = self.inputs if k == 1 else _slice(self.inputs, k)
+            self.say(f"profiling {'the batch' if k == 1 else f'a micro-batch of 1/{k}'}")
+            gm = trace(self.model, inputs, loss_fn=self.loss_fn)
+            graph = profile_traced(gm, self.model, inputs, repeats=self.repeats,
+                                   name=type(self.model).__name__)
+            self.cache[k] = (gm, graph, inputs)
+        return self.cache[k]
+
+    def _time_in_turns(self, ks: list[int]) -> None:
+        """Re-time the unscheduled step of the batch and of every micro-batch size in turns
+        (one step of each per round) and rescale each graph's times to it: profiles taken
+        one after another see different load, which would skew the comparison of options."""
+        sizes = [1, *ks]
+        cases = {k: (self.model, self._graph(k)[2]) for k in sizes}
+        self.say("timing the batch and its micro-batches in turns")
+        timed = measure_in_turns(cases, repeats=max(3, self.repeats), loss_fn=self.loss_fn)
+        for k in sizes:
+            gm, graph, inputs = self.cache[k]
+            self.cache[k] = (gm, with_step_time(graph, timed[k].step_s), inputs)
+
+    def options(self, batch: int | None, ks: list[int]) -> list[Option]:
+        self._time_in_turns(ks)
+        _, g1, _ = self._graph(1)
+        opt_s, opt_peak = self.bd.optimizer_step_s, self.bd.optimizer_step_peak_bytes
+        as_is = Option("as is", 1, batch, False, self.bd.peak_bytes,
+                       g1.measured_step_s + opt_s, False)
+        out = [as_is, self._checkpointed(1, batch, g1, opt_s, opt_peak)]
+        for k in ks:
+            g = accumulation_graph(self._graph(k)[1])
+            size = batch // k if batch else None
+            est = simulate(g, Schedule.none(g))
+            peak = max(est.peak_bytes + self.state, opt_peak)
+            out.append(Option(f"accumulate {k}", k, size, False, peak,
+                              k * g.measured_step_s + opt_s, peak <= self.usable))
+            if not out[-1].fits:  # where it fits, checkpointing could only add time
+                out.append(self._checkpointed(k, size, g, opt_s, opt_peak))
+        return out
+
+    def _checkpointed(self, k: int, size: int | None, g: CostGraph, opt_s: float,
+                      opt_peak: int) -> Option:
+        """The optimal plan for micro-batch count ``k`` (``g`` is its accumulation graph for
+        k > 1) whose peak with the optimizer state fits; else the smallest peak reachable."""
+        name = "checkpoint" if k == 1 else f"accumulate {k} + checkpoint"
+        target = self.usable - self.state
+        try:
+            if target < 1:
+                raise InfeasibleBudgetError("", budget_bytes=target, min_feasible_bytes=0)
+            result = solve_graph(g, target, solver=self.solver, time_limit_s=self.time_limit_s)
+        except InfeasibleBudgetError:  # nothing fits: report the least peak a schedule reaches
+            floor = _min_peak_result(g, self.solver, self.time_limit_s).estimate
+            return Option(name, k, size, True, max(floor.peak_bytes + self.state, opt_peak),
+                          k * floor.step_s + opt_s, False, floor.overhead, "no schedule fits")
+        est = result.estimate
+        self.schedules[name] = result.schedule
+        peak = max(est.peak_bytes + self.state, opt_peak)
+        return Option(name, k, size, True, peak, k * est.step_s + opt_s,
+                      peak <= self.usable, est.overhead)
+
+    def measure(self, chosen: Option) -> tuple[nn.Module | None, dict[str, Any] | None]:
+        """The chosen option's checkpointed module, measured (None where not checkpointed)."""
+        if not chosen.checkpoint:
+            return None, None
+        gm, g, inputs = self._graph(chosen.micro_batches)
+        module = rewrite(gm, self.schedules[chosen.name], self.model)
+        # both measured now, one after the other: timings are only comparable within a run
+        repeats = max(3, self.repeats)
+        plain = measure(self.model, inputs, loss_fn=self.loss_fn, repeats=repeats)
+        m = measure(module, inputs, repeats=repeats)
+        # a micro-step after the first also holds the gradients accumulated so far
+        held = g.grad_bytes if chosen.micro_batches > 1 else 0
+        return module, {
+            "predicted_overhead": chosen.overhead,
+            "measured_overhead": m.step_s / plain.step_s - 1,
+            "predicted_peak_bytes": chosen.predicted_peak_bytes,
+            "measured_peak_bytes": m.peak_bytes + self.state + held,
+        }
+
+
+def _min_peak_result(graph: CostGraph, solver: str, time_limit_s: float | None) -> Any:
+    """The solver's schedule with the least peak: solved at its smallest feasible budget."""
+    try:
+        return solve_graph(graph, 1, solver=solver, time_limit_s=time_limit_s)
+    except InfeasibleBudgetError as e:
+        return solve_graph(graph, e.min_feasible_bytes, solver=solver,
+                           time_limit_s=time_limit_s)
+
+
+# ------------------------------------------------------------------ inputs and micro-batches
+
+
+def _batch_size(inputs: tuple[Any, ...]) -> int | None:
+    """The common first dimension of the tensor inputs, or None when they have none."""
+    sizes = {t.shape[0] for t in inputs if isinstance(t, torch.Tensor) and t.dim() > 0}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def _micro_batch_counts(micro_batches: Sequence[int] | None, batch: int | None) -> list[int]:
+    if micro_batches is None:
+        return [k for k in (2, 4, 8) if batch and batch % k == 0]
+    ks = list(micro_batches)
+    bad = [k for k in ks if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 2]
+    if bad:
+        raise ValueError(f"micro_batches must be counts >= 2 (the batch is split into that "
+                         f"many micro-batches), got {bad[0]!r}")
+    if ks and batch is None:
+        raise ValueError("micro_batches needs tensor inputs that share a first (batch) "
+                         "dimension to slice; pass micro_batches=() to skip accumulation")
+    undivided = [k for k in ks if batch % k]  # type: ignore[operator]
+    if undivided:
+        raise ValueError(f"micro_batches={undivided[0]} does not divide the batch size "
+                         f"{batch}; use a divisor of {batch}")
+    return ks
+
+
+def _slice(inputs: tuple[Any, ...], k: int) -> tuple[Any, ...]:
+    """The first of ``k`` equal micro-batches (copied, so it owns only its own bytes)."""
+    return tuple(t[: t.shape[0] // k].clone()
+                 if isinstance(t, torch.Tensor) and t.dim() > 0 else t for t in inputs)
+
+
+# ------------------------------------------------------------------ words
+
+
+def _shares(bd: StepBreakdown) -> dict[str, float]:
+    return {k: v / bd.peak_bytes if bd.peak_bytes else 0.0 for k, v in bd.parts.items()}
+
+
+def _dominant(bd: StepBreakdown) -> list[str]:
+    """Parameters, gradients and optimizer state, largest first."""
+    return sorted(("optimizer_state", "gradients", "parameters"), key=lambda k: -bd.parts[k])
+
+
+def _remedies(bd: StepBreakdown) -> list[str]:
+    model_state = sum(bd.parts[k] for k in ("parameters", "gradients", "optimizer_state"))
+    first = ["activations"] if bd.parts["activations"] > model_state else []
+    # the parts worth acting on: a tenth of the peak or more, largest first
+    big = [k for k in _dominant(bd) if bd.parts[k] >= 0.1 * bd.peak_bytes] or _dominant(bd)[:1]
+    return [r for k in first + big for r in REMEDIES[k]] + ["train a smaller model"]
+
+
+def _beyond_summary(bd: StepBreakdown, share: dict[str, float], best: Option,
+                    usable: int) -> str:
+    fixed = sum(share[k] for k in ("parameters", "gradients", "optimizer_state"))
+    parts = ", ".join(f"{k.replace('_', ' ')} {share[k]:.0%}" for k in _dominant(bd))
+    why = ("checkpointing and accumulation only shrink activations, so they are not the "
+           "remedy" if fixed >= share["activations"] else
+           "even the fewest activations a schedule keeps for the smallest micro-batch do not "
+           "fit")
+    return (f"no schedule fits: the least peak of any option ({best.name}) is "
+            f"{format_bytes(best.predicted_peak_bytes)}, "
+            f"{format_bytes(best.predicted_peak_bytes - usable)} over the usable "
+            f"{format_bytes(usable)}. Parameters, gradients and optimizer state are "
+            f"{fixed:.0%} of the peak ({parts}), saved activations "
+            f"{share['activations']:.0%}; {why}. Instead:")

@@ -1,0 +1,222 @@
+"""``scheduler solve`` and ``scheduler apply`` on the real MLP example (small sizes, the greedy
+baseline, one profile repeat): exit codes, what they print and write, one-line errors."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import scheduler
+from scheduler import cli
+from scheduler.ir.schedule import Schedule
+from scheduler.units import format_bytes
+
+FACTORY = """
+from examples.mlp import build as _build
+
+def small():
+    return _build(batch=256, dim=32, depth=3)
+
+def shallower():
+    return _build(batch=256, dim=32, depth=2)
+"""
+
+
+@pytest.fixture(scope="module")
+def factory(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("factory") / "models.py"
+    path.write_text(textwrap.dedent(FACTORY))
+    return path
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def solved(factory, tmp_path_factory) -> tuple[Path, int, str]:
+    """One real ``scheduler solve ... --budget 70% --solver greedy``: (schedule path, exit
+    code, stdout)."""
+    out = tmp_path_factory.mktemp("solved") / "sub" / "schedule.json"
+    code, stdout, _ = run(["solve", f"{factory}:small", "--budget", "70%", "--solver", "greedy",
+                           "--repeats", "1", "--out", str(out)])
+    return out, code, stdout
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("scheduler: error: ")
+    return lines[0]
+
+
+@pytest.fixture
+def no_profiling(monkeypatch):
+    """Fail the test if anything gets as far as tracing the model."""
+    def boom(*args, **kwargs):
+        raise AssertionError("the model was traced before the arguments were checked")
+
+    monkeypatch.setattr(scheduler.plan, "trace", boom)
+
+
+# ------------------------------------------------------------------------------ solve
+
+
+def test_solve_writes_the_schedule_and_prints_the_estimate(solved):
+    path, code, stdout = solved
+    assert code == 0
+    schedule = Schedule.load(path)
+    assert schedule.solver == "greedy" and schedule.status == "FEASIBLE"
+    assert schedule.recompute_regions
+    peak = schedule.estimate["peak_bytes"]
+    assert peak <= schedule.budget_bytes
+    for fragment in ("FEASIBLE", "predicted peak", format_bytes(peak), "budget",
+                     format_bytes(schedule.budget_bytes), "recompute time", "overhead",
+                     "solve time", "gap", f"wrote {path}"):
+        assert fragment in stdout, fragment
+
+
+def test_solve_infeasible_budget_is_one_line_with_the_minimum(factory, tmp_path):
+    out = tmp_path / "s.json"
+    code, stdout, err = run(["solve", f"{factory}:small", "--budget", "5%", "--solver", "greedy",
+                             "--repeats", "1", "--out", str(out), "--quiet"])
+    assert code == 2
+    assert stdout == ""
+    line = one_error_line(err)
+    assert "is infeasible" in line and "use budget=" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("budget", "fragment"), [
+    ("150%", "bad budget '150%'"),
+    ("abc", "bad budget 'abc'"),
+    ("0", "bad budget '0'"),
+    ("-1GiB", "bad budget '-1GiB'"),
+])
+def test_solve_bad_budget_fails_before_profiling(factory, tmp_path, no_profiling, budget, fragment):
+    code, stdout, err = run(["solve", f"{factory}:small", f"--budget={budget}",
+                             "--out", str(tmp_path / "s.json")])
+    assert code == 2 and stdout == ""
+    assert fragment in one_error_line(err)
+
+
+def test_solve_unknown_solver_lists_the_valid_ones(factory, tmp_path, no_profiling):
+    code, _, err = run(["solve", f"{factory}:small", "--budget", "50%", "--solver", "magic",
+                        "--out", str(tmp_path / "s.json")])
+    assert code == 2
+    line = one_error_line(err)
+    assert "'magic'" in line and "greedy" in line and "uniform:K" in line
+
+
+def test_solve_bad_headroom(factory, tmp_path, no_profiling):
+    code, _, err = run(["solve", f"{factory}:small", "--budget", "50%", "--headroom", "1.5",
+                        "--solver", "greedy", "--out", str(tmp_path / "s.json")])
+    assert code == 2 and "--headroom" in one_error_line(err)
+
+
+@pytest.mark.parametrize("argv", [
+    ["solve", "x.py:f"],  # --budget is required
+    ["solve", "x.py:f", "--budget", "50%", "--time-limit", "0"],
+    ["apply", "x.py:f"],  # SCHEDULE is required
+])
+def test_solve_and_apply_usage_errors_exit_2(argv):
+    code, _, err = run(argv)
+    assert code == 2 and "usage: scheduler" in err
+
+
+@pytest.mark.parametrize(("verb", "example"), [
+    ("solve", "scheduler solve examples/gpt.py:build --budget 60%"),
+    ("apply", "scheduler apply examples/gpt.py:build"),
+])
+def test_help_has_an_example(verb, example):
+    code, stdout, _ = run([verb, "--help"])
+    assert code == 0 and example in stdout
+
+
+# ------------------------------------------------------------------------------ apply
+
+
+def test_apply_prints_predicted_and_measured(solved, factory):
+    path, code, _ = solved
+    assert code == 0
+    code, stdout, _ = run(["apply", f"{factory}:small", str(path), "--repeats", "1"])
+    assert code == 0
+    schedule = Schedule.load(path)
+    # the measured peak is deterministic on CPU: measure it independently
+    from examples.mlp import build
+
+    model, inputs = build(batch=256, dim=32, depth=3)
+    measured = scheduler.measure(scheduler.apply(model, schedule, inputs), inputs, repeats=1)
+    for fragment in ("peak memory", "step time", "predicted", "measured",
+                     format_bytes(schedule.estimate["peak_bytes"]),
+                     format_bytes(measured.peak_bytes), format_bytes(schedule.budget_bytes)):
+        assert fragment in stdout, fragment
+    assert ("fits" if measured.peak_bytes <= schedule.budget_bytes else "EXCEEDS") in stdout
+
+
+def test_apply_quiet_prints_nothing(solved, factory):
+    path, _, _ = solved
+    assert run(["apply", f"{factory}:small", str(path), "--repeats", "1", "--quiet"]) == (0, "", "")
+
+
+def test_apply_to_a_different_model_is_one_line(solved, factory):
+    path, _, _ = solved
+    code, stdout, err = run(["apply", f"{factory}:shallower", str(path), "--quiet"])
+    assert code == 2 and stdout == ""
+    assert "fingerprint" in one_error_line(err)
+
+
+def test_apply_missing_or_bad_schedule_is_one_line(factory, tmp_path):
+    code, _, err = run(["apply", f"{factory}:small", str(tmp_path / "nope.json")])
+    assert code == 2 and "nope.json" in one_error_line(err)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "something else"}')
+    code, _, err = run(["apply", f"{factory}:small", str(bad)])
+    assert code == 2 and "schema" in one_error_line(err)
+
+
+@pytest.mark.parametrize("status,space_optimal,gap,shown,hidden", [
+    ("FEASIBLE", False, 1.0, ["searched", "every position", "100.00% (no lower bound proven)"],
+     ["optimal over", "full schedule space"]),
+    ("FEASIBLE", False, None, ["searched", "n/a (no lower bound)"],
+     ["optimal over", "no lower bound proven"]),
+    ("FEASIBLE", False, 0.25, ["searched", "25.00% (to the full space's lower bound)"],
+     ["no lower bound proven", "optimal over"]),
+    ("FEASIBLE", True, 0.25, ["optimal over", "every position", "25.00%"],
+     ["searched", "full schedule space"]),
+    ("OPTIMAL", True, 0.0, ["OPTIMAL (over the full schedule space)", "searched",
+                            "every position", "0.00%"],
+     ["no lower bound proven", "optimal over"]),
+])
+def test_solve_table_names_the_space_and_an_unproven_bound(capsys, status, space_optimal, gap,
+                                                           shown, hidden):
+    """The printed plan names the space searched (optimal over it, when proven there but not
+    over the full space), the gap as one to the full space's bound, and says when no lower
+    bound was proven (gap 100%) instead of a bare 100%, or none was solved in time (None)."""
+    from types import SimpleNamespace
+
+    from scheduler.cli import _print_plan
+    from scheduler.cost.simulate import simulate
+    from scheduler.testing.synthetic import random_graph
+
+    g = random_graph(12, seed=1)
+    sched = Schedule.from_regions(g, [(0, 6, "recompute"), (6, 12, "keep")],
+                                  meta={"space": "every position (cpsat_fine)",
+                                        "space_optimal": space_optimal})
+    est = simulate(g, sched)
+    plan = SimpleNamespace(estimate=est, result=SimpleNamespace(solver="cpsat_fine"),
+                           status=status, schedule=sched, gap=gap, solve_s=1.0,
+                           budget_bytes=est.peak_bytes, unconstrained_peak_bytes=est.peak_bytes)
+    _print_plan(plan, Path("x.json"))
+    out = capsys.readouterr().out
+    for fragment in shown:
+        assert fragment in out, fragment
+    for fragment in hidden:
+        assert fragment not in out, fragment

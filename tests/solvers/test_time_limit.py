@@ -1,0 +1,225 @@
+"""Solvers keep to ``time_limit_s``: what runs after a search (the full-space bound a result
+is judged against, the simulations of its schedules) comes out of the limit, not after it.
+
+These check what each search is given, not wall times (which the benchmark prints:
+``benchmarks/solvers.py`` reports the longest solve against the limit).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from scheduler.cost.simulate import simulate
+from scheduler.ir.graph import CostGraph
+from scheduler.ir.schedule import Schedule
+from scheduler.solvers import FEASIBLE, INFEASIBLE, get_solver
+from scheduler.solvers.base import finish
+from scheduler.solvers.bound import BOUND_S, remembered_bound
+
+GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
+
+
+def _graph_and_budget(name: str, share: float) -> tuple[CostGraph, int]:
+    g = CostGraph.load(GRAPHS / f"{name}.json")  # (a fresh load remembers no bound)
+    return g, int(share * simulate(g, Schedule.none(g)).peak_bytes)
+
+
+def test_finish_solves_no_bound_past_its_deadline_and_uses_one_remembered() -> None:
+    g, budget = _graph_and_budget("gpt", 0.7)
+    sched = get_solver("every_block")(g, budget).schedule
+    t = simulate(g, sched).recompute_s
+    late = finish(g, budget, sched, solver="x", started=time.perf_counter(), status=FEASIBLE,
+                  deadline=time.perf_counter())
+    assert late.status == FEASIBLE and late.lower_bound_s is None and late.gap is None
+    assert remembered_bound(g, budget) is None  # (it did not solve one)
+    timely = finish(g, budget, sched, solver="x", started=time.perf_counter(), status=FEASIBLE)
+    assert 0.0 < timely.lower_bound_s < t and timely.gap == pytest.approx(
+        (t - timely.lower_bound_s) / t)
+    again = finish(g, budget, sched, solver="x", started=time.perf_counter(), status=FEASIBLE,
+                   deadline=time.perf_counter())
+    assert again.lower_bound_s == timely.lower_bound_s == remembered_bound(g, budget)
+
+
+@pytest.mark.parametrize("name", ["cpsat", "cpsat_fine"])
+def test_cpsat_ends_its_search_in_time_for_the_bound(name: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no bound remembered, the search stops `BOUND_SHARE` of the limit (at most
+    `bound.BOUND_S`) before it, so that `finish`'s bound solve fits; with one, at the limit.
+    (`cpsat_fine` is given a schedule to start from, so that it runs no `cpsat` first.)"""
+    from scheduler.solvers import cpsat as mod
+
+    searches: list[tuple[float, float | None]] = []
+    real = mod._solve_lazy
+
+    def spy(graph, points, budget, deadline, warm=None):
+        searches.append((time.perf_counter(), deadline))
+        return real(graph, points, budget, deadline, warm)
+
+    monkeypatch.setattr(mod, "_solve_lazy", spy)
+    g, budget = _graph_and_budget("unet", 0.7)
+    kw = {"warm": get_solver("every_block")(g, budget).schedule} if name == "cpsat_fine" else {}
+    limit = 3.0
+    before = time.perf_counter()
+    r = get_solver(name)(g, budget, time_limit_s=limit, **kw)
+    (at, until), = searches
+    assert r.status != INFEASIBLE and r.lower_bound_s is not None
+    # (the solver started between ``before`` and the search, ``at``)
+    assert before + limit - min(BOUND_S, mod.BOUND_SHARE * limit) < until
+    assert until < at + limit - min(BOUND_S, mod.BOUND_SHARE * limit)
+    searches.clear()
+    before = time.perf_counter()
+    get_solver(name)(g, budget, time_limit_s=limit, **kw)  # (the bound is remembered now)
+    (at, until), = searches
+    assert before + limit < until < at + limit
+
+
+def test_relax_solves_leave_time_for_their_schedules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each of `relax_and_round`'s solves ends before the limit: what follows it (simulating
+    the schedules it found, `repair`, the baselines relax compares with) gets the rest."""
+    from scheduler.solvers import bound as mod
+
+    solves: list[tuple[float, float]] = []
+    real = mod.Relaxation.solve
+
+    def spy(self, limit, **kw):
+        solves.append((time.perf_counter(), limit))
+        return real(self, limit, **kw)
+
+    monkeypatch.setattr(mod.Relaxation, "solve", spy)
+    g, budget = _graph_and_budget("gpt", 0.5)
+    limit = 2.0
+    started = time.perf_counter()
+    mod.relax_and_round(g, budget, limit)
+    assert solves
+    for at, given in solves:
+        assert 0.0 < given and at + given < started + limit
+
+
+def test_auto_starts_no_cpsat_with_too_little_time_left(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """When relax leaves less than `MIN_SOLVE_S` of the limit and a schedule fits, auto
+    answers without starting cpsat or cpsat_fine; with nothing that fits, cpsat still runs."""
+    from scheduler.solvers import auto as mod
+
+    g, budget = _graph_and_budget("gpt", 0.7)
+    limit = 2.0
+    calls: list[str] = []
+    real = mod.get_solver
+    fails = False
+
+    def spy(name: str):
+        calls.append(name)
+        fn = real(name)
+        if name != "relax":
+            return fn
+
+        def slow_relax(graph, budget_bytes, *, time_limit_s=None):
+            r = fn(graph, budget_bytes, time_limit_s=time_limit_s)
+            # as if it had taken all but a little of the limit, without proving its schedule
+            # (or, with ``fails``, finding one)
+            time.sleep(max(0.0, started + limit - mod.MIN_SOLVE_S / 2 - time.perf_counter()))
+            return finish(graph, budget_bytes, None if fails else r.schedule, solver="relax",
+                          started=started, status=INFEASIBLE if fails else FEASIBLE,
+                          lower_bound_s=0.0, full_space=True)
+        return slow_relax
+
+    monkeypatch.setattr(mod, "get_solver", spy)
+    started = time.perf_counter()
+    r = mod.auto(g, budget, time_limit_s=limit)
+    assert "relax" in calls and "cpsat" not in calls and "cpsat_fine" not in calls
+    assert r.status != INFEASIBLE and r.estimate.peak_bytes <= budget
+    # at 50% of the U-Net's peak, neither a baseline nor dp fits: with relax answering
+    # nothing, cpsat runs
+    g, budget = _graph_and_budget("unet", 0.5)
+    assert all(real(b)(g, budget).status == INFEASIBLE for b in (*mod.BASELINES, "dp"))
+    fails = True
+    calls.clear()
+    started = time.perf_counter()
+    r = mod.auto(g, budget, time_limit_s=limit)
+    assert calls.index("cpsat") > calls.index("relax") and "cpsat_fine" not in calls
+    assert r.solver == "cpsat" and r.estimate.peak_bytes <= budget
+
+
+def test_a_bound_solved_in_less_time_is_solved_again_with_more() -> None:
+    """`full_space_bound` remembers the time each bound had: asked with more, it solves again
+    (and keeps the better); asked with less, or after `relax` remembered one, it does not."""
+    from scheduler.solvers.bound import (
+        full_space_bound,
+        relax_and_round,
+        remember_bound,
+    )
+
+    g, budget = _graph_and_budget("gpt", 0.7)
+    assert full_space_bound(g, budget, time_limit_s=0.01) == 0.0  # (no time to build it)
+    assert remembered_bound(g, budget) == 0.0
+    timely = full_space_bound(g, budget)
+    assert full_space_bound(g, budget, time_limit_s=0.01) == timely  # (remembered)
+    g, budget = _graph_and_budget("gpt", 0.7)
+    assert 0.0 < timely <= get_solver("relax")(g, budget).estimate.recompute_s
+    g, budget = _graph_and_budget("gpt", 0.7)
+    assert remember_bound(g, budget, 0.0) == 0.0 and remembered_bound(g, budget) is None
+    better = relax_and_round(g, budget, 30.0).bound
+    assert remember_bound(g, budget, better) == better >= timely
+    assert full_space_bound(g, budget, time_limit_s=60.0) == better  # (relax's: not again)
+
+
+def test_cpsat_fine_alone_starts_from_cpsat_within_its_limit(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """Without a schedule to start from, `cpsat_fine` runs `cpsat` for `FINE_WARM_SHARE` of its
+    limit and answers no worse; its solve time counts both; given one (as `auto` does), it
+    does not."""
+    from scheduler.solvers import cpsat as mod
+
+    firsts: list[tuple[float | None, object]] = []
+    real = mod.cpsat
+
+    def spy(graph, budget, *, time_limit_s=None):
+        r = real(graph, budget, time_limit_s=time_limit_s)
+        firsts.append((time_limit_s, r))
+        return r
+
+    monkeypatch.setattr(mod, "cpsat", spy)
+    g, budget = _graph_and_budget("gpt", 0.7)
+    limit = 2.0
+    r = mod.cpsat_fine(g, budget, time_limit_s=limit)
+    (given, first), = firsts
+    assert given == pytest.approx(mod.FINE_WARM_SHARE * limit)
+    assert r.status != INFEASIBLE and r.estimate.peak_bytes <= budget
+    assert r.estimate.recompute_s <= first.estimate.recompute_s
+    assert r.solve_s >= first.solve_s
+    firsts.clear()
+    mod.cpsat_fine(g, budget, time_limit_s=limit, warm=first.schedule)
+    assert not firsts
+
+
+def test_the_relaxation_stops_building_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relaxation past its deadline stops building between its parts (on the 2,000-node DAG
+    the build alone took half a second, so that a bound asked for with less overran the
+    limit): `relax_and_round` then answers no bound and no schedule, and builds no more."""
+    from scheduler.solvers import bound as mod
+
+    g, budget = _graph_and_budget("gpt", 0.7)
+    with pytest.raises(TimeoutError, match="out of time"):
+        mod.Relaxation(g, budget, deadline=time.perf_counter())
+    built: list[str] = []
+    real_regions, real_forward = mod.Relaxation._regions, mod.Relaxation._forward
+
+    def slow_regions(self) -> None:  # (a build part that takes longer than the limit)
+        built.append("regions")
+        real_regions(self)
+        time.sleep(0.2)
+
+    def forward(self) -> None:
+        built.append("forward")
+        real_forward(self)
+
+    monkeypatch.setattr(mod.Relaxation, "_regions", slow_regions)
+    monkeypatch.setattr(mod.Relaxation, "_forward", forward)
+    got = mod.relax_and_round(g, budget, 0.1)
+    assert (got.bound, got.proven, got.schedule) == (0.0, False, None)
+    assert built == ["regions"]
+    got = mod.relax_and_round(g, budget, 30.0)  # (time enough: it builds, and bounds)
+    assert built == ["regions", "regions", "forward"] and got.bound > 0.0
