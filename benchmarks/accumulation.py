@@ -39,10 +39,10 @@ def runner(model: Any, inputs: tuple[Any, ...], option: Any, schedule: Any
     import torch
 
     import scheduler
-    from scheduler.workflows.advise import _slice
+    from scheduler.workflows.advise import slice_inputs
 
     m = copy.deepcopy(model)
-    micro = inputs if option.micro_batches == 1 else _slice(inputs, option.micro_batches)
+    micro = inputs if option.micro_batches == 1 else slice_inputs(inputs, option.micro_batches)
     module = m if schedule is None else scheduler.apply(m, schedule, micro)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
 

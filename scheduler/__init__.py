@@ -8,7 +8,8 @@ from .ir.schedule import Region, Schedule, ScheduleError
 from .measurement.breakdown import StepBreakdown, measure_training_step
 from .measurement.step import Measurement, measure
 from .plan import Plan, apply, solve, solve_graph
-from .workflows.advise import Advice, advise
+from .workflows.advice import Advice
+from .workflows.advise import advise
 from .workflows.compare import Comparison, compare
 from .workflows.max_batch import MaxBatch, max_batch
 

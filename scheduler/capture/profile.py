@@ -1,6 +1,6 @@
 """Profiling: run one traced training step under trackers and record a `CostGraph`.
 
-One *recorded* step runs the traced graph node by node (`_exec.Program`) with
+One *recorded* step runs the traced graph node by node (`program.Program`) with
 
 * a `StorageTracker` that sees every storage allocated and freed, attributed to the node
   running (forward) or to the node whose backward functions are running (backward, found with
@@ -17,8 +17,6 @@ The user's model is left as it was (buffers, gradients and RNG state are restore
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -30,11 +28,12 @@ from torch.utils import _pytree as pytree
 
 from ..ir.graph import BwdStep, CostGraph, Node, Saved, Storage, structure_fingerprint
 from ..measurement.step import measure
-from ..measurement.storage import StorageTracker, sync_device
+from ..measurement.storage import StorageTracker
 from .program import Program
+from .timing import GradFnIndex, checkpoint_costs, time_steps
 from .trace import as_tuple, block_of, module_path, preserved_state, trace
 
-__all__ = ["checkpoint_costs", "profile", "profile_traced"]
+__all__ = ["profile", "profile_traced", "traced_fingerprint"]
 
 
 def profile(model: nn.Module, example_inputs: Sequence[Any], *,
@@ -77,7 +76,7 @@ def profile_traced(gm: fx.GraphModule, model: nn.Module, inputs: tuple[Any, ...]
         say("recording memory and saved tensors")
         rec = _Recorder(prog, model, inputs).run()
         say(f"timing {repeats} steps")
-        fwd_t, bwd_t, sac_t = _time_steps(prog, model, inputs, repeats, rec)
+        fwd_t, bwd_t, sac_t = time_steps(prog, model, inputs, repeats, rec.steps)
     say("measuring the unscheduled step")
     m = measure(model, inputs, loss_fn=prog.info.loss_fn, repeats=repeats)
     say("timing checkpoint calls")
@@ -86,83 +85,6 @@ def profile_traced(gm: fx.GraphModule, model: nn.Module, inputs: tuple[Any, ...]
     g = _build(prog, rec, fwd_t, bwd_t, m, name, inputs, sac_t)
     g.checkpoint_call_s, g.checkpoint_saved_s = call_s, saved_s
     return g
-
-
-#: (checkpoint calls, ops in each) of the calibration chains `checkpoint_costs` times
-_CALIBRATION = ((1, 4), (1, 32), (4, 4), (4, 16), (16, 2), (16, 4))
-
-
-#: `checkpoint_costs` per (device, torch threads), measured once a process
-_COSTS: dict[tuple[str, int], tuple[float, float]] = {}
-
-
-def checkpoint_costs(device: torch.device, *, rounds: int = 9) -> tuple[float, float]:
-    """What a non-reentrant `torch.utils.checkpoint` region costs on ``device`` beyond running
-    its forward once more: (seconds per checkpoint call, seconds per tensor saved in it).
-    Measured once a process for each device and number of torch threads (about 0.2 s; the
-    first checkpoint of a process also pays PyTorch's one-time setup, about 1.5 s here).
-
-    Times chains of ``tanh`` on a small tensor (each op saves one tensor) as K checkpointed
-    calls of N ops each, beside the same ops without checkpoints and their forward alone, in
-    turns for ``rounds`` rounds (medians), and fits ``extra = K * call + K * N * saved`` by
-    least squares over `_CALIBRATION` (both clamped at 0). On the development machine (CPU,
-    one thread) that gave about 0.2 ms per call and 18 us per saved tensor: the pack and
-    unpack hooks run in Python. Forward times of real ops do not enter: only the hooks' and
-    the call's work, which depends on the device and the Python build, not on the model."""
-    key = (str(device), torch.get_num_threads())
-    if key not in _COSTS:
-        _COSTS[key] = _fit_checkpoint_costs(device, rounds)
-    return _COSTS[key]
-
-
-def _fit_checkpoint_costs(device: torch.device, rounds: int) -> tuple[float, float]:
-    from torch.utils.checkpoint import checkpoint
-
-    # (no random numbers: the caller's RNG state is left as it was)
-    x0 = torch.linspace(-1.0, 1.0, 256, device=device).reshape(16, 16).requires_grad_()
-
-    def chain(x: torch.Tensor, n: int) -> torch.Tensor:
-        for _ in range(n):
-            x = torch.tanh(x)
-        return x
-
-    def timed(fn: Callable[[], Any]) -> float:
-        sync_device(device)
-        t0 = time.perf_counter()
-        fn()
-        sync_device(device)
-        return time.perf_counter() - t0
-
-    def checkpointed(k: int, n: int) -> None:
-        x = x0
-        for _ in range(k):
-            x = checkpoint(chain, x, n, use_reentrant=False, preserve_rng_state=True)
-        x.sum().backward()
-
-    samples: dict[tuple[int, int], list[float]] = defaultdict(list)
-    for r in range(rounds + 1):  # the first warms up
-        for k, n in _CALIBRATION:
-            ck = timed(lambda: checkpointed(k, n))
-            plain = timed(lambda: chain(x0, k * n).sum().backward())
-            fwd = timed(lambda: chain(x0, k * n))
-            if r:
-                samples[k, n].append(ck - plain - fwd)
-    x0.grad = None
-    # least squares for (call, saved) over rows (k, k * n), by the normal equations
-    rows = [(k, k * n, statistics.median(samples[k, n])) for k, n in _CALIBRATION]
-    aa = sum(a * a for a, _, _ in rows)
-    ab = sum(a * b for a, b, _ in rows)
-    bb = sum(b * b for _, b, _ in rows)
-    ay = sum(a * y for a, _, y in rows)
-    by = sum(b * y for _, b, y in rows)
-    det = aa * bb - ab * ab
-    call, saved = (bb * ay - ab * by) / det, (aa * by - ab * ay) / det
-    if call < 0:  # the best fit with the call's cost at 0
-        call, saved = 0.0, by / bb
-    if saved < 0:
-        call, saved = max(0.0, ay / aa), 0.0
-    return max(0.0, call), max(0.0, saved)
-
 
 
 @dataclass
@@ -195,7 +117,7 @@ class _Recorder:
         self.key2gid: dict[int, int] = {}
         self.gid_bytes: dict[int, int] = {}
         self.persistent: dict[int, str] = {}
-        self.fns = _GradFnIndex(self._enter_bwd)
+        self.fns = GradFnIndex(self._enter_bwd)
 
     # -- tracker callbacks -----------------------------------------------------------------
     def _alloc(self, key: int, nbytes: int) -> None:
@@ -296,106 +218,6 @@ class _Recorder:
         self.fns.claim(node.name, leaves)
         self.cur = None
         return out
-
-
-class _GradFnIndex:
-    """Maps the autograd nodes a forward node creates to that node, with pre-hooks that report
-    which forward node's backward is running."""
-
-    def __init__(self, on_enter: Callable[[str], None]):
-        self.on_enter = on_enter
-        self.seen: dict[int, Any] = {}  # id -> grad_fn (kept alive so ids stay unique)
-
-    def claim(self, name: str, outputs: list[torch.Tensor]) -> None:
-        stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
-        while stack:
-            fn = stack.pop()
-            if fn is None or id(fn) in self.seen:
-                continue
-            self.seen[id(fn)] = fn
-            if type(fn).__name__ == "AccumulateGrad":
-                continue
-            fn.register_prehook(lambda _g, name=name: self.on_enter(name))
-            stack.extend(f for f, _ in fn.next_functions)
-
-    def clear(self) -> None:
-        self.seen.clear()
-
-
-def _time_steps(prog: Program, model: nn.Module, inputs: tuple[Any, ...], repeats: int,
-                rec: _Rec) -> tuple[dict[str, float], list[float]]:
-    """Median forward time per node, median time per recorded backward step, and each node's
-    median extra forward time under a selective-checkpoint policy (`_time_sac_forward`)."""
-    fwd: dict[str, list[float]] = defaultdict(list)
-    sac: dict[str, list[float]] = defaultdict(list)
-    bwd: list[list[float]] = [[] for _ in rec.steps]
-    for r in range(repeats + 1):  # the first run warms up
-        for p in model.parameters():
-            p.grad = None
-        marks: list[tuple[str, float]] = []
-        index = _GradFnIndex(lambda n: marks.append((n, time.perf_counter()))
-                             if not marks or marks[-1][0] != n else None)
-        times: dict[str, float] = {}
-
-        def around(i: int, node: fx.Node, thunk: Callable[[], Any]) -> Any:
-            t0 = time.perf_counter()
-            out = thunk()
-            times[node.name] = time.perf_counter() - t0
-            index.claim(node.name, [t for t in pytree.tree_leaves(out)
-                                    if isinstance(t, torch.Tensor)])
-            return out
-
-        loss = prog.run(inputs, around=around)[1]
-        marks.append(("", time.perf_counter()))
-        loss.backward()
-        end = time.perf_counter()
-        del loss
-        index.clear()
-        sac_times = _time_sac_forward(prog, inputs)
-        if r == 0:
-            continue
-        for k, v in times.items():
-            fwd[k].append(v)
-        for k, v in sac_times.items():
-            sac[k].append(v)
-        # marks[0] is the seed step; recorded and timed steps run the same sequence
-        seq = marks
-        if [n for n, _ in seq] == [s["node"] for s in rec.steps]:
-            stamps = [t for _, t in seq] + [end]
-            for j in range(len(seq)):
-                bwd[j].append(stamps[j + 1] - stamps[j])
-    for p in model.parameters():
-        p.grad = None
-    fwd_med = {k: statistics.median(v) for k, v in fwd.items()}
-    bwd_med = [statistics.median(v) if v else 0.0 for v in bwd]
-    sac_extra = {k: max(0.0, statistics.median(v) - fwd_med.get(k, 0.0)) for k, v in sac.items()}
-    return fwd_med, bwd_med, sac_extra
-
-
-def _time_sac_forward(prog: Program, inputs: tuple[Any, ...]) -> dict[str, float]:
-    """Each node's forward time under a selective-checkpoint policy's dispatch mode (every op
-    recomputable, so nothing is cached): what a node in a save-set region costs to run."""
-    from torch.utils.checkpoint import (
-        CheckpointPolicy,
-        create_selective_checkpoint_contexts,
-    )
-
-    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        return CheckpointPolicy.PREFER_RECOMPUTE
-
-    times: dict[str, float] = {}
-
-    def around(i: int, node: fx.Node, thunk: Callable[[], Any]) -> Any:
-        t0 = time.perf_counter()
-        out = thunk()
-        times[node.name] = time.perf_counter() - t0
-        return out
-
-    fwd_ctx, _ = create_selective_checkpoint_contexts(policy)
-    with fwd_ctx:
-        out = prog.run(inputs, around=around)
-    del out
-    return times
 
 
 def _build(prog: Program, rec: _Rec, fwd_t: dict[str, float], bwd_t: list[float],

@@ -14,7 +14,7 @@ from _cli import run
 import scheduler
 from scheduler.measurement.breakdown import PARTS
 from scheduler.measurement.storage import StorageTracker
-from scheduler.workflows.advise import (
+from scheduler.workflows.advice import (
     ACCUMULATE,
     ACCUMULATE_CHECKPOINT,
     BEYOND,
