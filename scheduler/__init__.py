@@ -1,17 +1,47 @@
-"""scheduler: optimal activation-checkpointing schedules for PyTorch models."""
-from .budget import InfeasibleBudgetError, parse_budget
-from .capture.profile import profile
-from .capture.trace import TraceError, trace
-from .cost.simulate import Estimate, simulate
-from .ir.graph import CostGraph, CostGraphError
-from .ir.schedule import Region, Schedule, ScheduleError
-from .measurement.breakdown import StepBreakdown, measure_training_step
-from .measurement.step import Measurement, measure
-from .plan import Plan, apply, solve, solve_graph
-from .workflows.advice import Advice
-from .workflows.advise import advise
-from .workflows.compare import Comparison, compare
-from .workflows.max_batch import MaxBatch, max_batch
+"""scheduler: optimal activation-checkpointing schedules for PyTorch models.
+
+The names below are imported on first use (PEP 562 ``__getattr__``): every submodule
+imports this package first, and the command line (``scheduler --help``) must not pay for
+importing torch.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .budget import InfeasibleBudgetError, parse_budget
+    from .capture.profile import profile
+    from .capture.trace import TraceError, trace
+    from .cost.simulate import Estimate, simulate
+    from .ir.graph import CostGraph, CostGraphError
+    from .ir.schedule import Region, Schedule, ScheduleError
+    from .measurement.breakdown import StepBreakdown, measure_training_step
+    from .measurement.step import Measurement, measure
+    from .plan import Plan, apply, solve, solve_graph
+    from .workflows.advice import Advice
+    from .workflows.advise import advise
+    from .workflows.compare import Comparison, compare
+    from .workflows.max_batch import MaxBatch, max_batch
+
+# The module each exported name comes from (the same as the imports above).
+_SOURCES = {
+    ".budget": ("InfeasibleBudgetError", "parse_budget"),
+    ".capture.profile": ("profile",),
+    ".capture.trace": ("TraceError", "trace"),
+    ".cost.simulate": ("Estimate", "simulate"),
+    ".ir.graph": ("CostGraph", "CostGraphError"),
+    ".ir.schedule": ("Region", "Schedule", "ScheduleError"),
+    ".measurement.breakdown": ("StepBreakdown", "measure_training_step"),
+    ".measurement.step": ("Measurement", "measure"),
+    ".plan": ("Plan", "apply", "solve", "solve_graph"),
+    ".workflows.advice": ("Advice",),
+    ".workflows.advise": ("advise",),
+    ".workflows.compare": ("Comparison", "compare"),
+    ".workflows.max_batch": ("MaxBatch", "max_batch"),
+}
+_SOURCE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 
 __all__ = ["Advice", "Comparison", "CostGraph", "CostGraphError", "Estimate",
            "InfeasibleBudgetError", "MaxBatch", "Measurement", "Plan", "Region", "Schedule",
@@ -19,3 +49,19 @@ __all__ = ["Advice", "Comparison", "CostGraph", "CostGraphError", "Estimate",
            "max_batch", "measure", "measure_training_step", "parse_budget", "profile",
            "simulate", "solve", "solve_graph", "trace"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """An exported name, imported from its module on first use and kept."""
+    module = _SOURCE_OF.get(name)
+    if module is None:
+        if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return importlib.import_module(f".{name}", __name__)  # a submodule: scheduler.units
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -33,7 +33,7 @@ from ..solvers.base import SolveResult, get_solver
 from ..units import format_bytes
 from .advise import check_headroom, parse_memory
 
-__all__ = ["MaxBatch", "Probe", "max_batch"]
+__all__ = ["MaxBatch", "Probe", "check_factory", "max_batch"]
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def max_batch(factory: Callable[..., Any], *, budget: int | str,
         raise ValueError(f"max_overhead must be a fraction >= 0 of the step time (0.3 for "
                          f"+30%) or None, got {max_overhead!r}")
     get_solver(solver)
-    first = _check_factory(factory, dim, start)
+    first = check_factory(factory, dim, start)
     search = _Search(factory, dim, int(budget_bytes * (1 - headroom)), max_overhead, solver,
                      time_limit_s, repeats, progress or (lambda _msg: None))
     predicted = search.bracket(first)
@@ -170,7 +170,7 @@ def max_batch(factory: Callable[..., Any], *, budget: int | str,
         size = search.run(size - 1, limit)
 
 
-def _check_factory(factory: Callable[..., Any], dim: str, start: int | None) -> int:
+def check_factory(factory: Callable[..., Any], dim: str, start: int | None) -> int:
     """The first size to try; a clear error when the factory cannot take ``dim``."""
     if not callable(factory):
         raise ValueError(f"factory must be callable, got {type(factory).__name__}")

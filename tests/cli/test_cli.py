@@ -1,6 +1,9 @@
 """The command line and MODEL_SPEC resolution, with a fake profiler: no real profiling runs."""
 
 import json
+import os
+import subprocess
+import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,6 +12,7 @@ import pytest
 import torch
 
 from scheduler import cli
+from scheduler.cli import common
 from scheduler.cli.spec import SpecError, load_factory
 
 GOOD_FACTORY = """
@@ -226,7 +230,7 @@ def fake_profile(monkeypatch):
         calls.append({"model": model, "inputs": inputs, "loss_fn": loss_fn, "repeats": repeats})
         return FakeCostGraph()
 
-    monkeypatch.setattr(cli, "_profile", fake)
+    monkeypatch.setattr(common, "profile_model", fake)
     return calls
 
 
@@ -317,3 +321,13 @@ def test_only_working_verbs_are_registered():
     subparsers = next(a for a in parser._actions if a.dest == "command")
     assert sorted(subparsers.choices) == ["advise", "apply", "bench", "compare", "max-batch",
                                           "profile", "solve"]
+
+
+def test_importing_the_cli_does_not_import_torch():
+    """`scheduler --help` stays fast: the verbs import the pipeline (and torch) only when run."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    code = "import scheduler.cli, sys; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -202,7 +202,7 @@ def test_solve_table_names_the_space_and_an_unproven_bound(capsys, status, space
     bound was proven (gap 100%) instead of a bare 100%, or none was solved in time (None)."""
     from types import SimpleNamespace
 
-    from scheduler.cli import _print_plan
+    from scheduler.cli.solve import print_plan
     from scheduler.cost.simulate import simulate
     from scheduler.testing.synthetic import random_graph
 
@@ -214,7 +214,7 @@ def test_solve_table_names_the_space_and_an_unproven_bound(capsys, status, space
     plan = SimpleNamespace(estimate=est, result=SimpleNamespace(solver="cpsat_fine"),
                            status=status, schedule=sched, gap=gap, solve_s=1.0,
                            budget_bytes=est.peak_bytes, unconstrained_peak_bytes=est.peak_bytes)
-    _print_plan(plan, Path("x.json"))
+    print_plan(plan, Path("x.json"))
     out = capsys.readouterr().out
     for fragment in shown:
         assert fragment in out, fragment

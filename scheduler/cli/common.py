@@ -1,0 +1,184 @@
+"""What the verbs of the command line share: exit codes, argument types, output paths, the
+spinner, and the profiler hook.
+
+Every verb module (``profile``, ``solve``, ...) has ``add_parser(subparsers)``, which builds
+its parser and sets ``func`` to its ``run(args) -> int``. Errors a user can fix are the
+`USER_ERRORS`; ``main`` prints them as one line and exits with `EXIT_USAGE`.
+"""
+
+# Imports deferred into functions (in scheduler/cli/ only) keep torch out of `scheduler --help`.
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from scheduler.cli.spec import SpecError, split_spec
+
+__all__ = ["EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "PROG", "USER_ERRORS",
+           "add_json_and_quiet", "add_model_spec", "add_solver_options", "default_out",
+           "fraction", "int_list", "names", "need_matplotlib", "positive_float", "positive_int",
+           "prepare_out", "profile_model", "run_quietly_or_not"]
+
+PROG = "scheduler"
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+#: errors that print one line and exit with EXIT_USAGE (``--traceback`` shows the trace)
+USER_ERRORS = (SpecError, ValueError, FileNotFoundError)
+
+
+def profile_model(model: Any, inputs: tuple[Any, ...], *, loss_fn: Any, repeats: int | None
+                  ) -> Any:
+    """``scheduler.profile`` with the profiler's default ``repeats`` where None; the tests
+    replace this hook with a fake (the ``profile`` verb looks it up at each call)."""
+    from scheduler.capture.profile import profile
+
+    kwargs: dict[str, Any] = {"loss_fn": loss_fn}
+    if repeats is not None:
+        kwargs["repeats"] = repeats
+    return profile(model, inputs, **kwargs)
+
+
+# ---------------------------------------------------------------------------- argument types
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """An argparse type: '30%' or '0.3' as 0.3 (finite, >= 0)."""
+    t = text.strip()
+    try:
+        value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.3 or 30%, got "
+                                         f"{text!r}") from None
+    if not value == value or value < 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a fraction >= 0 such as 0.3 or 30%, got "
+                                         f"{text!r}")
+    return value
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """An argparse type: '2,4' as (2, 4); '' as ()."""
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 2,4, "
+                                         f"got {text!r}") from None
+
+
+def names(values: list[str] | None) -> list[str] | None:
+    """Repeated and comma-separated names (``--strategy auto,greedy --strategy sqrt``)."""
+    if values is None:
+        return None
+    found = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    if not found:
+        raise ValueError("--strategy/--solver was given without a name; e.g. --strategy auto")
+    return found
+
+
+# ---------------------------------------------------------------------------- shared arguments
+
+
+def add_model_spec(parser: argparse.ArgumentParser) -> None:
+    """The positional MODEL_SPEC."""
+    parser.add_argument(
+        "model_spec",
+        metavar="MODEL_SPEC",
+        help="'path/to/file.py:factory' or 'package.module:factory'; the factory takes no "
+        "arguments and returns (model, inputs) or (model, inputs, loss_fn)",
+    )
+
+
+def add_json_and_quiet(parser: argparse.ArgumentParser) -> None:
+    """``--json PATH`` (the rows) and ``--quiet`` (no progress bar, no table)."""
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help="write the rows as JSON")
+    parser.add_argument(
+        "--quiet", action="store_true",
+        help="print no progress bar and no table; errors still go to stderr",
+    )
+
+
+def add_solver_options(parser: argparse.ArgumentParser, *, headroom: float) -> None:
+    """``--headroom``, ``--solver``, ``--time-limit``, ``--repeats``, ``--json`` and ``--quiet``
+    of the verbs that measure and solve (``advise``, ``max-batch``)."""
+    parser.add_argument(
+        "--headroom", type=fraction, default=headroom, metavar="FRACTION",
+        help=f"fraction of the memory held back, '0.1' or '10%%' (default: {headroom:g})")
+    parser.add_argument("--solver", default="auto", metavar="NAME",
+                        help="solver for the checkpointing plans (default: auto)")
+    parser.add_argument("--time-limit", type=positive_float, default=30.0, metavar="SECONDS",
+                        help="the solver's time limit in seconds (default: 30)")
+    parser.add_argument("--repeats", type=positive_int, default=1, metavar="N",
+                        help="timed steps per measurement (default: 1)")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help="also write the result as JSON")
+    parser.add_argument("--quiet", action="store_true",
+                        help="print no spinner and no report; errors still go to stderr")
+
+
+# ---------------------------------------------------------------------------- output paths
+
+
+def default_out(spec: str) -> Path:
+    """``<file-or-module>-<factory>.json`` in the current folder, for a MODEL_SPEC."""
+    target, attr = split_spec(spec)
+    stem = Path(target).stem if target.endswith(".py") else target.rsplit(".", 1)[-1]
+    return Path(f"{stem}-{attr}.json")
+
+
+def prepare_out(path: Path | None, flag: str, example: str) -> None:
+    """Make ``path``'s folder and refuse a directory, before any long work starts."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} is a directory; give a file path such as "
+                         f"{str(path / example)!r}")
+
+
+def need_matplotlib(flag: str) -> None:
+    """Fail now, naming the install, when ``flag`` needs matplotlib and it is missing."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ValueError(f"{flag} needs matplotlib, which is not installed: pip install "
+                         "matplotlib (or pip install -e '.[plot]'), or leave out " + flag)
+
+
+# ---------------------------------------------------------------------------- progress
+
+
+def run_quietly_or_not(args: argparse.Namespace, work: Callable[[Callable[[str], None]], Any]
+                       ) -> Any:
+    """``work(progress)`` under a spinner, or silently with --quiet."""
+    if args.quiet:
+        return work(lambda _msg: None)
+    from rich.console import Console
+
+    with Console(stderr=True).status(f"{args.model_spec} ...") as status:
+        return work(lambda msg: status.update(f"{args.model_spec}: {msg} ..."))

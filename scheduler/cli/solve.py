@@ -1,0 +1,154 @@
+"""``scheduler solve``: the checkpointing schedule with the least recompute time within a
+budget, saved as JSON."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from scheduler.cli.common import (
+    EXIT_OK,
+    add_model_spec,
+    default_out,
+    positive_float,
+    positive_int,
+    prepare_out,
+)
+from scheduler.cli.spec import load_factory
+from scheduler.units import format_bytes, format_seconds
+
+__all__ = ["add_parser", "print_plan", "run"]
+
+_EPILOG = """\
+examples:
+  scheduler solve examples/gpt.py:build --budget 60% --out gpt.schedule.json
+  scheduler solve examples/mlp.py:build --budget 6GiB --solver greedy --quiet
+  scheduler solve examples/mlp.py:build --budget 0.5 --solver uniform:4
+
+budgets: bytes ('6GiB', '512MB', '1.5e9', '1024') or a fraction of the unscheduled
+predicted peak ('60%', '0.6').
+"""
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``solve``."""
+    parser = subparsers.add_parser(
+        "solve",
+        help="find the checkpointing schedule with the least recompute time within a budget",
+        description="Trace and profile the model, solve for the schedule with the least recompute\n"
+        "time whose predicted peak memory fits the budget, and save it as JSON.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_spec(parser)
+    parser.add_argument(
+        "--budget", required=True, metavar="BUDGET",
+        help="peak memory of one training step: '6GiB', '512MB', '1.5e9' bytes, or '60%%' / "
+        "'0.6' of the unscheduled predicted peak",
+    )
+    parser.add_argument(
+        "--solver", default="auto", metavar="NAME",
+        help="solver name (default: auto): an exact one (auto, relax, dp, cpsat, cpsat_fine) "
+        "or a baseline "
+        "(none, every_block, sqrt, uniform:K, greedy, knapsack)",
+    )
+    parser.add_argument(
+        "--time-limit", type=positive_float, default=30.0, metavar="SECONDS",
+        help="the solver's time limit in seconds (default: 30)",
+    )
+    parser.add_argument(
+        "--headroom", type=float, default=0.0, metavar="FRACTION",
+        help="fraction of the budget held back for cost-model error (default: 0)",
+    )
+    parser.add_argument(
+        "--repeats", type=positive_int, default=None, metavar="N",
+        help="timed profile steps (default: the profiler's own default)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, metavar="PATH",
+        help="where to write the schedule JSON (default: <file-or-module>-<factory>.schedule.json "
+        "here)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true",
+        help="print no spinner and no summary; errors still go to stderr",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Profile and solve the model, save the plan's schedule, and print it unless --quiet."""
+    from scheduler.budget import budget_spec
+    from scheduler.plan import solve
+    from scheduler.solvers import get_solver
+
+    out: Path = args.out if args.out is not None else default_out(args.model_spec).with_suffix(
+        ".schedule.json")
+    # Fail on a bad budget, solver or destination now, not after minutes of profiling.
+    budget_spec(args.budget)
+    get_solver(args.solver)
+    if not 0 <= args.headroom < 1:
+        raise ValueError(f"--headroom must be a fraction in [0, 1), got {args.headroom}")
+    prepare_out(out, "--out", "schedule.json")
+
+    model, inputs, loss_fn = load_factory(args.model_spec)
+    kwargs: dict[str, Any] = dict(budget=args.budget, loss_fn=loss_fn, solver=args.solver,
+                                  time_limit_s=args.time_limit, headroom=args.headroom)
+    if args.repeats is not None:
+        kwargs["repeats"] = args.repeats
+    if args.quiet:
+        plan = solve(model, inputs, **kwargs)
+    else:
+        from rich.console import Console
+
+        with Console(stderr=True).status(f"Solving {args.model_spec} ...") as status:
+            plan = solve(
+                model, inputs, progress=lambda msg: status.update(f"{args.model_spec}: {msg} ..."),
+                **kwargs)
+    plan.save(out)
+    if not args.quiet:
+        print_plan(plan, out)
+    return EXIT_OK
+
+
+def print_plan(plan: Any, out: Path) -> None:
+    """The plan as a table (status, the space searched, gap, budget, peak, recompute, step,
+    regions), then ``wrote OUT``."""
+    from rich.console import Console
+    from rich.table import Table
+
+    e = plan.estimate
+    table = Table(title=f"Schedule ({plan.result.solver})", show_header=False,
+                  title_justify="left")
+    table.add_column("quantity", style="bold")
+    table.add_column("value", justify="right")
+    full = " (over the full schedule space)" if plan.status == "OPTIMAL" else ""
+    table.add_row("status", plan.status + full)
+    meta = plan.schedule.meta
+    space = meta.get("space")
+    if space and meta.get("space_optimal") and not full:
+        table.add_row("optimal over", space)  # but perhaps not over the full space
+    elif space:
+        table.add_row("searched", space)
+    gap = "n/a" if plan.gap is None else f"{plan.gap:.2%}"
+    if plan.gap is None and plan.status == "FEASIBLE":
+        gap += " (no lower bound)"
+    elif plan.gap is not None and plan.gap >= 1.0:
+        gap += " (no lower bound proven)"
+    elif plan.gap:
+        gap += " (to the full space's lower bound)"
+    table.add_row("gap", gap)
+    table.add_row("solve time", format_seconds(plan.solve_s))
+    table.add_row("budget", format_bytes(plan.budget_bytes))
+    table.add_row("predicted peak", f"{format_bytes(e.peak_bytes)} "
+                  f"({e.peak_bytes / plan.budget_bytes:.0%} of budget)")
+    table.add_row("unscheduled peak", format_bytes(plan.unconstrained_peak_bytes))
+    table.add_row("recompute time", format_seconds(e.recompute_s))
+    table.add_row("overhead", f"+{e.overhead:.1%}")
+    table.add_row("predicted step", format_seconds(e.step_s))
+    table.add_row("regions", f"{len(plan.schedule.regions)} "
+                  f"({len(plan.schedule.recompute_regions)} recomputed)")
+    console = Console()
+    console.print(table)
+    console.print(f"wrote {out}", soft_wrap=True, markup=False, highlight=False)
