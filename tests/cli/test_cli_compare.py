@@ -10,15 +10,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import GRAPHS_DIR, ROOT
 from test_cli_solve import FACTORY, one_error_line, run
 
-from scheduler.ir.graph import CostGraph
 from scheduler.solvers import get_solver
 from scheduler.units import format_bytes
 from scheduler.workflows.bench import BenchRow, _judge, bench, verdict
 
-ROOT = Path(__file__).resolve().parents[2]
-MLP_GRAPH = ROOT / "graphs" / "mlp.json"
+MLP_GRAPH = GRAPHS_DIR / "mlp.json"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -121,7 +120,7 @@ def test_compare_output_that_is_a_directory(factory, no_tracing, tmp_path):
 # ------------------------------------------------------------------------------ bench
 
 
-def test_bench_prints_and_writes_the_solvers_results(tmp_path):
+def test_bench_prints_and_writes_the_solvers_results(tmp_path, recorded_graph):
     path = tmp_path / "b.json"
     code, stdout, _ = run(["bench", str(MLP_GRAPH), "--budget", "70%", "--solver",
                            "dp,none", "--solver", "greedy", "--time-limit", "5", "--json",
@@ -129,7 +128,7 @@ def test_bench_prints_and_writes_the_solvers_results(tmp_path):
     assert code == 0
     rows = json.loads(path.read_text())
     assert [r["solver"] for r in rows] == ["dp", "none", "greedy"]
-    graph = CostGraph.load(MLP_GRAPH)
+    graph = recorded_graph("mlp")
     for r in rows:
         assert r["graph"] == "mlp" and r["nodes"] == len(graph.compute_nodes)
         expect = get_solver(r["solver"])(graph, r["budget_bytes"], time_limit_s=5)
