@@ -3,7 +3,8 @@ imported):
 
 * no import cycle among the package's modules: the arrows run one way;
 * no function-local import of a scheduler module (it hides a cycle, or an arrow the wrong way),
-  except in ``scheduler/cli/``, where deferring the torch-heavy imports keeps ``--help`` fast;
+  and no ``importlib`` import of one anywhere (an arrow no reader of the imports sees), except
+  in ``scheduler/cli/``, where deferring the torch-heavy imports keeps ``--help`` fast;
 * no private name (``_x``) imported from, or read off, another scheduler module;
 * no module over `MAX_LINES` lines, except those in `LONG_MODULES`, each with its reason;
 * every public module (not ``__init__``, name not starting with ``_``) defines ``__all__``, and
@@ -68,6 +69,9 @@ class Module:
     imports: list[Import] = field(default_factory=list)
     #: ``(line, alias, attribute)`` for every ``alias._private`` read off an imported module
     private_reads: list[tuple[int, str, str]] = field(default_factory=list)
+    #: ``(line, argument, function)`` for every ``importlib.import_module`` (or ``__import__``)
+    #: of what may be a package module: an arrow the import graph cannot see
+    dynamic: list[tuple[int, str, str | None]] = field(default_factory=list)
 
     @property
     def is_package(self) -> bool:
@@ -162,6 +166,23 @@ class _Imports(ast.NodeVisitor):
         if plain and source in self.modules:
             self._add(node, source, tuple(plain))
 
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name in ("import_module", "__import__") and node.args:
+            arg, package = node.args[0], self.module.name.partition(".")[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                ours = arg.value == package or arg.value.startswith((f"{package}.", "."))
+            elif isinstance(arg, ast.JoinedStr):
+                text = ast.unparse(arg)
+                ours = any(k in text for k in ("__package__", "__name__", "__spec__", package))
+            else:
+                ours = False
+            if ours:
+                self.module.dynamic.append((node.lineno, ast.unparse(arg),
+                                            self.functions[-1] if self.functions else None))
+        self.generic_visit(node)
+
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if (isinstance(node.value, ast.Name) and node.value.id in self.aliases
                 and _private(node.attr)):
@@ -201,10 +222,18 @@ def import_cycles(modules: dict[str, Module]) -> list[str]:
 
 
 def local_imports(modules: dict[str, Module], allowed: tuple[str, ...] = ()) -> list[str]:
-    """Function-local imports of package modules outside the ``allowed`` folders."""
-    return [f"{imp.where}: {imp.importer} imports {imp.target} inside {imp.function}()"
-            for m in modules.values() if not m.rel.startswith(allowed)
-            for imp in m.imports if imp.function is not None]
+    """Function-local and dynamic (``importlib``) imports of package modules outside the
+    ``allowed`` folders."""
+    out = []
+    for m in modules.values():
+        if m.rel.startswith(allowed):
+            continue
+        out += [f"{imp.where}: {m.name} imports {imp.target} inside {imp.function}()"
+                for imp in m.imports if imp.function is not None]
+        out += [f"{m.rel}:{line}: {m.name} imports {arg} dynamically"
+                + (f" inside {function}()" if function else "")
+                for line, arg, function in m.dynamic]
+    return sorted(out, key=lambda x: (x.split(":")[0], int(x.split(":")[1])))
 
 
 def private_imports(modules: dict[str, Module]) -> list[str]:
@@ -310,8 +339,8 @@ def test_no_import_cycles(modules: dict[str, Module]) -> None:
 
 def test_no_function_local_imports_of_the_package(modules: dict[str, Module]) -> None:
     found = local_imports(modules, LOCAL_IMPORTS_ALLOWED)
-    assert not found, _report(found, "function-local imports (move them to the top; if that "
-                                     "makes a cycle, the arrow runs the wrong way)")
+    assert not found, _report(found, "function-local or dynamic imports (move them to the "
+                                     "top; if that makes a cycle, the arrow runs the wrong way)")
 
 
 def test_no_private_names_across_modules(modules: dict[str, Module]) -> None:
@@ -366,6 +395,19 @@ def test_a_cycle_through_subpackages_and_relative_levels_is_found(tmp_path: Path
     assert local_imports(mods) == [
         "pkg/x/low.py:2: pkg.x.low imports pkg.y.high inside f()"]
     assert local_imports(mods, ("pkg/x/",)) == []
+
+
+def test_dynamic_imports_of_the_package_are_found(tmp_path: Path) -> None:
+    mods = _package(tmp_path, {
+        "pkg/reg.py": ("import importlib\n\ndef load(family):\n"
+                       "    importlib.import_module(f'{__package__}.{family}')\n"
+                       "    importlib.import_module('json')\n"
+                       "importlib.import_module('pkg.reg')\n"),
+    })
+    assert local_imports(mods) == [
+        "pkg/reg.py:4: pkg.reg imports f'{__package__}.{family}' dynamically inside load()",
+        "pkg/reg.py:6: pkg.reg imports 'pkg.reg' dynamically",
+    ]
 
 
 def test_type_checking_imports_make_no_cycle(tmp_path: Path) -> None:
