@@ -62,7 +62,8 @@ def test_loads_by_file_path(name: str) -> None:
     loader that does not register the module in ``sys.modules``."""
     if name == "hf_gpt2":
         pytest.importorskip("transformers")
-    spec = importlib.util.spec_from_file_location(f"_examples_by_path_{name}", ROOT / "examples" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_examples_by_path_{name}",
+                                                  ROOT / "examples" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
