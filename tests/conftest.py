@@ -1,21 +1,73 @@
-"""Shared fixtures: small configurations of the example models.
+"""Shared fixtures: small configurations of the example models, the recorded graphs and the
+standard budgets.
 
 ``examples`` is not an installed package, so the repository root is put on ``sys.path``.
+Test files import the constants and helpers here with ``from conftest import ...``.
 Kept deliberately small; test-specific helpers live in the test files.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
+
+if TYPE_CHECKING:
+    from scheduler.ir.graph import CostGraph
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+#: the recorded `CostGraph`s of real models, and the test data (schedules found by solvers)
+GRAPHS_DIR = ROOT / "graphs"
+DATA_DIR = ROOT / "tests" / "data"
+#: ``(name, path)`` of every recorded graph, ``graphs/<name>.json``, by name
+RECORDED_GRAPHS: list[tuple[str, Path]] = [(p.stem, p) for p in sorted(GRAPHS_DIR.glob("*.json"))]
+assert RECORDED_GRAPHS, f"no recorded graphs in {GRAPHS_DIR}: the tests that read them need them"
+
+#: the standard budgets, as fractions of the unscheduled simulated peak
+BUDGETS = (0.9, 0.7, 0.5)
+
+
+def unscheduled_peak(graph: CostGraph) -> int:
+    """The simulated peak bytes of the graph's step without checkpointing."""
+    from scheduler.cost.simulate import simulate
+    from scheduler.ir.schedule import Schedule
+
+    return simulate(graph, Schedule.none(graph)).peak_bytes
+
+
+def budget_bytes(graph: CostGraph, fraction: float) -> int:
+    """``fraction`` of `unscheduled_peak`, in bytes (rounded down), as `scheduler.parse_budget`
+    reads a fraction."""
+    return int(fraction * unscheduled_peak(graph))
+
+
+@pytest.fixture(scope="session")
+def recorded_graph() -> Callable[[str], CostGraph]:
+    """``recorded_graph(name)``: ``graphs/<name>.json`` as a new `CostGraph` on every call.
+
+    Each file is read once a session. A fresh object each call, because what solvers and the
+    simulator remember is kept per graph object (replays, bounds, brute-force spaces): a test
+    that shares one would depend on what ran before it."""
+    from scheduler.ir.graph import CostGraph
+
+    texts: dict[str, str] = {}
+    paths = dict(RECORDED_GRAPHS)
+
+    def load(name: str) -> CostGraph:
+        if name not in paths:
+            raise KeyError(f"no recorded graph {name!r}; graphs/ holds {sorted(paths)}")
+        if name not in texts:
+            texts[name] = paths[name].read_text()
+        return CostGraph.from_dict(json.loads(texts[name]))
+
+    return load
 
 #: Small but non-trivial sizes of every example (seconds, not minutes, to profile on 2 cores).
 #: MLP uses batch=256 so that activations, not parameters, dominate its peak.

@@ -11,20 +11,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
+from conftest import ROOT
 from torch import nn
-
-# Make ``examples`` importable however pytest was started (it is not an installed package),
-# e.g. ``pytest /path/to/tests`` from another directory.
-_ROOT = str(Path(__file__).resolve().parents[1])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
 # Small sizes keep the whole file fast; the defaults are exercised in test_default_shapes.
 SMALL: dict[str, dict[str, Any]] = {
@@ -69,7 +62,8 @@ def test_loads_by_file_path(name: str) -> None:
     loader that does not register the module in ``sys.modules``."""
     if name == "hf_gpt2":
         pytest.importorskip("transformers")
-    spec = importlib.util.spec_from_file_location(f"_examples_by_path_{name}", Path(_ROOT, "examples", f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(f"_examples_by_path_{name}",
+                                                  ROOT / "examples" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

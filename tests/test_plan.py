@@ -1,6 +1,6 @@
 """`parse_budget`, `solve_graph`, `InfeasibleBudgetError`, and `solve` / `Plan` / `apply` end to
 end on the MLP example with the ``greedy`` baseline (the exact solvers are tested with their own
-files; tests here that use ``auto`` skip while it is not registered)."""
+files)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 from _chain import chain
+from conftest import budget_bytes, unscheduled_peak
 
 import scheduler
 from scheduler import InfeasibleBudgetError, Plan, parse_budget, solve_graph
@@ -21,17 +22,11 @@ from scheduler.solvers import (
     UnknownSolverError,
     get_solver,
 )
+from scheduler.solvers.brute import brute_force
 from scheduler.units import format_bytes
 
 BASELINES = ["none", "every_block", "sqrt", "greedy", "knapsack"]
 BLOCKS = ["", "h.0", "h.0", "h.1", "h.1", "h.2", "h.2", "h.3", "h.3", ""]
-
-
-def needs_auto() -> None:
-    try:
-        get_solver("auto")
-    except UnknownSolverError:
-        pytest.skip("solver 'auto' is not registered yet")
 
 
 # ------------------------------------------------------------------------------ parse_budget
@@ -87,12 +82,11 @@ def test_parse_budget_rejects_with_the_value_and_the_forms(budget, match):
 
 def test_solve_graph_fractions_refer_to_the_unscheduled_simulated_peak():
     graph = chain(BLOCKS)
-    peak = simulate(graph, Schedule.none(graph)).peak_bytes
     result = solve_graph(graph, "100%", solver="none")
-    assert result.budget_bytes == peak
+    assert result.budget_bytes == unscheduled_peak(graph)
     assert result.status == FEASIBLE
     result = solve_graph(graph, 0.8, solver="every_block")
-    assert result.budget_bytes == int(0.8 * peak)
+    assert result.budget_bytes == budget_bytes(graph, 0.8)
     assert result.estimate == simulate(graph, result.schedule)
     assert result.estimate.peak_bytes <= result.budget_bytes
 
@@ -102,6 +96,7 @@ def test_solve_graph_results_fit_and_match_simulate(solver):
     graph = chain(BLOCKS)
     result = solve_graph(graph, "100%", solver=solver)
     assert result.status in (FEASIBLE, OPTIMAL)
+    assert result.estimate.peak_bytes <= result.budget_bytes == unscheduled_peak(graph)
     assert result.schedule.solver == solver
     assert result.estimate == simulate(graph, result.schedule)
 
@@ -167,12 +162,19 @@ def test_a_solver_that_misses_a_budget_a_baseline_fits_says_which():
 
 
 def test_infeasible_with_auto_names_the_exact_minimum():
-    needs_auto()
+    """The least budget auto names is brute force's least peak over every schedule of keep
+    and recompute regions (10 nodes: every boundary enumerated), and at it auto recomputes
+    no more than brute force's optimum there."""
     graph = chain(BLOCKS, out_bytes=[1000, 3000, 500, 2000, 1000, 4000, 800, 1200, 900, 600])
     with pytest.raises(InfeasibleBudgetError) as info:
         solve_graph(graph, 1500, solver="auto")
     m = info.value.min_feasible_bytes
-    assert solve_graph(graph, m, solver="auto").estimate.peak_bytes <= m
+    points = list(range(len(graph.compute_nodes) + 1))
+    assert m == brute_force(graph, 0, points=points).min_feasible_bytes
+    ref = brute_force(graph, m, points=points)
+    got = solve_graph(graph, m, solver="auto")
+    assert got.estimate.peak_bytes <= m
+    assert got.estimate.recompute_s <= ref.estimate.recompute_s * (1 + 1e-12), (got, ref)
     with pytest.raises(InfeasibleBudgetError):
         solve_graph(graph, m - 1, solver="auto")
 
@@ -211,8 +213,7 @@ def test_solve_plan_module_computes_the_same(mlp, plan):
 
 
 def test_solve_plan_estimate_is_simulate_and_fits(plan):
-    peak = simulate(plan.graph, Schedule.none(plan.graph)).peak_bytes
-    assert plan.budget_bytes == int(0.7 * peak)
+    assert plan.budget_bytes == budget_bytes(plan.graph, 0.7)
     assert plan.estimate == simulate(plan.graph, plan.schedule)
     assert plan.estimate.peak_bytes <= plan.budget_bytes
     assert plan.status == FEASIBLE and plan.result.status == FEASIBLE

@@ -11,6 +11,7 @@ import random
 from typing import Any
 
 import pytest
+from conftest import RECORDED_GRAPHS, budget_bytes, unscheduled_peak
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -70,8 +71,7 @@ FIXED = ["none", "every_block", "uniform:2", "uniform:4", "sqrt", "greedy"]
 def test_fixed_schedules_predicted_peak_matches_measured(name: str, solver: str,
                                                          profiled: Any) -> None:
     p = profiled(name)
-    none_peak = simulate(p.graph, Schedule.none(p.graph)).peak_bytes
-    schedule = get_solver(solver)(p.graph, int(none_peak * 0.6)).schedule
+    schedule = get_solver(solver)(p.graph, budget_bytes(p.graph, 0.6)).schedule
     err, predicted, measured = p.error(schedule)
     assert err <= TOLERANCE, f"{name}/{solver}: predicted {predicted}, measured {measured}"
 
@@ -183,7 +183,7 @@ def test_unscheduled_prediction_is_the_recorded_peak(profiled: Any) -> None:
     (a conservative rounding: never under)."""
     for name, slack in (("mlp", 0.0), ("gpt", 0.0), ("unet", 0.01)):
         g = profiled(name).graph
-        predicted = simulate(g, Schedule.none(g)).peak_bytes
+        predicted = unscheduled_peak(g)
         recorded = g.meta["recorded_peak_bytes"]
         assert recorded <= predicted <= recorded * (1 + slack), (name, predicted, recorded)
 
@@ -266,17 +266,15 @@ def test_mem_add_many_is_add_in_turn(ops: list[tuple[int, int, int | None]],
     assert [getattr(many, f) for f in fields] == [getattr(one, f) for f in fields]
 
 
-def test_remembered_replays_change_nothing(monkeypatch: Any) -> None:
+def test_remembered_replays_change_nothing(monkeypatch: Any, recorded_graph: Any) -> None:
     """Replays are remembered per graph (`Static.replays`); with the memory emptied at every
     new replay, random schedules with save sets simulate to the same estimates and region costs
     on recorded and synthetic graphs."""
-    import glob
     import importlib
 
-    from scheduler.ir.graph import CostGraph
     from scheduler.testing.synthetic import random_graph
 
-    graphs = [CostGraph.load(p) for p in sorted(glob.glob("graphs/*.json"))[:3]]
+    graphs = [recorded_graph(name) for name, _ in RECORDED_GRAPHS[:3]]
     graphs += [random_graph(60, kind="dag", seed=s) for s in range(3)]
     sim = importlib.import_module("scheduler.cost.static")
     rnd = random.Random(7)

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import RECORDED_GRAPHS
 
+from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import (
     SCHEMA,
     VERSION,
@@ -23,9 +25,10 @@ from scheduler.ir.graph import (
     Node,
     Saved,
     Storage,
+    with_step_time,
 )
-
-GRAPHS_DIR = Path(__file__).resolve().parents[2] / "graphs"
+from scheduler.ir.schedule import Schedule
+from scheduler.solvers import get_solver
 
 
 def make_graph(**overrides: Any) -> CostGraph:
@@ -386,14 +389,8 @@ def test_error_is_a_value_error(tmp_path: Path, good: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------- recorded graphs
 
 
-def _recorded() -> list[Path]:
-    return sorted(GRAPHS_DIR.glob("*.json")) if GRAPHS_DIR.is_dir() else []
-
-
-@pytest.mark.parametrize("path", _recorded() or [None], ids=lambda p: p.name if p else "none")
-def test_recorded_graphs_load(path: Path | None, tmp_path: Path) -> None:
-    if path is None:
-        pytest.skip("graphs/ holds no recorded CostGraph")
+@pytest.mark.parametrize(("name", "path"), RECORDED_GRAPHS, ids=[n for n, _ in RECORDED_GRAPHS])
+def test_recorded_graphs_load(name: str, path: Path, tmp_path: Path) -> None:
     g = CostGraph.load(path)
     assert g.nodes, "a recorded graph has nodes"
     assert g.saved_bytes() > 0
@@ -416,15 +413,10 @@ def test_pack_mark_out_of_range(tmp_path: Path, good: dict[str, Any]) -> None:
     assert CostGraph.from_dict(g.to_dict()).node(name).pack_mark == 0
 
 
-def test_with_step_time_scales_every_time_and_no_byte() -> None:
+def test_with_step_time_scales_every_time_and_no_byte(recorded_graph: Any) -> None:
     """Re-timing a recorded graph scales the simulated step and recompute time by the same
     factor and changes no predicted byte."""
-    from scheduler.cost.simulate import simulate
-    from scheduler.ir.graph import with_step_time
-    from scheduler.ir.schedule import Schedule
-    from scheduler.solvers import get_solver
-
-    g = CostGraph.load(Path(__file__).resolve().parents[2] / "graphs" / "gpt.json")
+    g = recorded_graph("gpt")
     s = get_solver("every_block")(g, 1 << 62).schedule
     g2 = with_step_time(g, 3 * g.measured_step_s)
     a, b = simulate(g, s), simulate(g2, Schedule.from_dict(s.to_dict()))

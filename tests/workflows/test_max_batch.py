@@ -8,10 +8,10 @@ import json
 
 import pytest
 from _cli import run
+from conftest import unscheduled_peak
 
 import scheduler
 from scheduler.budget import InfeasibleBudgetError
-from scheduler.ir.schedule import Schedule
 
 GPT = dict(block_size=16, n_layer=2, n_head=2, n_embd=32, vocab_size=64)
 UNET = dict(channels=3, size=16, base=4, classes=2)
@@ -41,7 +41,7 @@ def least_peak_measured(factory, n: int) -> tuple[int, int]:
     return result.estimate.peak_bytes, scheduler.measure(module, inputs, repeats=1).peak_bytes
 
 
-def unscheduled_peak(factory, n: int) -> int:
+def measured_unscheduled_peak(factory, n: int) -> int:
     model, inputs = factory(batch=n)
     return scheduler.measure(model, inputs, repeats=1).peak_bytes
 
@@ -66,10 +66,10 @@ def check_answer(factory, budget: int) -> scheduler.MaxBatch:
 
 def test_gpt_largest_batch_fits_and_the_next_does_not():
     # twice the unscheduled step at batch 2: checkpointing stretches past it
-    budget = 2 * unscheduled_peak(gpt_factory, 2)
+    budget = 2 * measured_unscheduled_peak(gpt_factory, 2)
     r = check_answer(gpt_factory, budget)
     assert r.plan.estimate.overhead > 0  # it took checkpointing to get there
-    assert unscheduled_peak(gpt_factory, r.size) > r.usable_bytes
+    assert measured_unscheduled_peak(gpt_factory, r.size) > r.usable_bytes
     # the bracket: the profiles at 2 and 4 extrapolated close to the answer, so few sizes
     # were profiled beyond them
     assert r.predicted_size is not None and abs(r.predicted_size - r.size) <= 2
@@ -78,19 +78,19 @@ def test_gpt_largest_batch_fits_and_the_next_does_not():
 
 @pytest.mark.slow
 def test_unet_largest_batch_fits_and_the_next_does_not():
-    budget = 2 * unscheduled_peak(unet_factory, 2)
+    budget = 2 * measured_unscheduled_peak(unet_factory, 2)
     check_answer(unet_factory, budget)
 
 
 @pytest.mark.slow
 def test_max_overhead_zero_is_the_largest_batch_without_checkpointing():
-    budget = 2 * unscheduled_peak(gpt_factory, 2)
+    budget = 2 * measured_unscheduled_peak(gpt_factory, 2)
     r = scheduler.max_batch(gpt_factory, budget=budget, max_overhead=0.0, solver="dp")
     assert r.plan.estimate.overhead == 0
     # without recompute the only plan is the unscheduled step: measured, it fits at the
     # answer and not one further, where the plan that fits needs recompute
-    assert unscheduled_peak(gpt_factory, r.size) <= r.usable_bytes
-    assert unscheduled_peak(gpt_factory, r.size + 1) > r.usable_bytes
+    assert measured_unscheduled_peak(gpt_factory, r.size) <= r.usable_bytes
+    assert measured_unscheduled_peak(gpt_factory, r.size + 1) > r.usable_bytes
     assert not r.next.fits and "overhead" in r.next.reason
     assert r.next.overhead is not None and r.next.overhead > 0
 
@@ -109,7 +109,7 @@ def simulate_least(graph) -> int:
         scheduler.solve_graph(graph, 1, solver="dp")
     except InfeasibleBudgetError as e:
         return e.min_feasible_bytes
-    return scheduler.simulate(graph, Schedule.none(graph)).peak_bytes
+    return unscheduled_peak(graph)
 
 
 def no_size(seed: int = 0):
@@ -140,7 +140,7 @@ def test_cli_max_batch(tmp_path):
     spec = tmp_path / "models.py"
     spec.write_text("from examples.gpt import build as _b\n\n"
                     f"def small(batch=2):\n    return _b(batch=batch, **{GPT!r})\n")
-    budget = 2 * unscheduled_peak(gpt_factory, 2)
+    budget = 2 * measured_unscheduled_peak(gpt_factory, 2)
     path = tmp_path / "out.json"
     code, out, err = run(["max-batch", f"{spec}:small", "--budget", str(budget),
                           "--solver", "dp", "--json", str(path)])
