@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from .budget import InfeasibleBudgetError, parse_budget
     from .capture.profile import profile
     from .capture.trace import TraceError, trace
-    from .cost.simulate import Estimate, simulate
+    from .cost.estimate import Estimate
+    from .cost.simulate import simulate
     from .ir.graph import CostGraph, CostGraphError
     from .ir.schedule import Region, Schedule, ScheduleError
     from .measurement.breakdown import StepBreakdown, measure_training_step
@@ -30,7 +31,8 @@ _SOURCES = {
     ".budget": ("InfeasibleBudgetError", "parse_budget"),
     ".capture.profile": ("profile",),
     ".capture.trace": ("TraceError", "trace"),
-    ".cost.simulate": ("Estimate", "simulate"),
+    ".cost.estimate": ("Estimate",),
+    ".cost.simulate": ("simulate",),
     ".ir.graph": ("CostGraph", "CostGraphError"),
     ".ir.schedule": ("Region", "Schedule", "ScheduleError"),
     ".measurement.breakdown": ("StepBreakdown", "measure_training_step"),

@@ -18,7 +18,8 @@ import torch.nn as nn
 from .budget import budget_spec, infeasible_error, parse_budget
 from .capture.profile import profile_traced, traced_fingerprint
 from .capture.trace import as_tuple, trace
-from .cost.simulate import Estimate, simulate
+from .cost.estimate import Estimate
+from .cost.simulate import simulate
 from .ir.graph import CostGraph
 from .ir.schedule import Schedule, ScheduleError
 from .measurement.step import measure

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
     from rich.table import Table
 
-    from .cost.simulate import Estimate
+    from .cost.estimate import Estimate
     from .workflows.compare import Comparison, Row
 
 __all__ = ["comparison_table", "comparison_markdown", "console", "plot_comparison", "plot_timeline",

@@ -33,39 +33,19 @@ and `CostGraph.checkpoint_saved_s` for each tensor its nodes save for backward).
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
 from ..ir.graph import CostGraph
 from ..ir.schedule import RECOMPUTE, Region, Schedule
 from . import static as _static_mod
+from .estimate import Estimate
 from .memory import LiveBytes
 from .static import Static
 
 __all__ = ["Estimate", "RegionCost", "ReplayProbe", "Simulator", "gradient_steps", "region_costs",
            "simulate", "storage_readers"]
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """Predicted cost of one training step under a schedule."""
-
-    peak_bytes: int
-    step_s: float
-    recompute_s: float
-    overhead: float  # recompute_s / unscheduled step time
-    forward_peak_bytes: int
-    # (label, live bytes) after each forward node, recompute and backward step, for plots
-    timeline: tuple[tuple[str, int], ...] = field(default=(), repr=False, compare=False)
-
-    def to_dict(self, *, timeline: bool = False) -> dict[str, Any]:
-        d = asdict(self)
-        if not timeline:
-            d.pop("timeline")
-        else:
-            d["timeline"] = [list(x) for x in self.timeline]
-        return d
 
 
 def simulate(graph: CostGraph, schedule: Schedule, *, timeline: bool = True) -> Estimate:
