@@ -11,8 +11,11 @@ between the two rankings (1.0: the same order). Nothing is asserted: this is for
 
     python benchmarks/accumulation.py
     python benchmarks/accumulation.py --device-fraction 0.6 --repeats 7 --threads 1
+    python benchmarks/accumulation.py --threads 1 --write
 
-Timings are only comparable within one run on an otherwise idle machine.
+Timings are only comparable within one run on an otherwise idle machine. With ``--write`` the
+table also replaces the ``accumulation`` section of ``docs/benchmarks.md`` (`_record.record`:
+with the date, the machine and this command line).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `examples` is not an installed package
     sys.path.insert(0, str(ROOT))
+
+# this script's folder is on sys.path: the shared writer of docs/benchmarks.md
+import _record
 
 GPT = dict(batch=16, block_size=64, n_layer=4, n_head=4, n_embd=64, vocab_size=256)
 
@@ -94,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="logical batches timed per option; the median is reported")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (1 gives steadier times on a busy machine)")
+    _record.add_write_option(parser)
     args = parser.parse_args(argv)
     if not 0 < args.device_fraction or args.repeats < 1:
         parser.error("--device-fraction must be > 0 and --repeats >= 1")
@@ -137,14 +144,24 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(o.name, f"{o.micro_batches} x {o.micro_batch_size}",
                       format_bytes(o.predicted_peak_bytes), "yes" if o.fits else "no",
                       format_seconds(o.predicted_time_s), format_seconds(t), str(rp), str(rm))
-    console = Console(width=132)
-    console.print(table)
+    lines: list[str] = []
     fitting = [(o, t) for o, t in rows if o.fits]
     if fitting:
-        console.print(f"fastest that fits: predicted {min(fitting, key=lambda x: x[0].predicted_time_s)[0].name}, "
-                      f"measured {min(fitting, key=lambda x: x[1])[0].name}")
-    console.print(f"Kendall's tau between predicted and measured ranking: "
-                  f"{kendall_tau(pred, meas):+.2f}")
+        lines.append(f"fastest that fits: predicted "
+                     f"{min(fitting, key=lambda x: x[0].predicted_time_s)[0].name}, "
+                     f"measured {min(fitting, key=lambda x: x[1])[0].name}")
+    lines.append(f"Kendall's tau between predicted and measured ranking: "
+                 f"{kendall_tau(pred, meas):+.2f}")
+    console = Console(width=132)
+    console.print(table)
+    for line in lines:
+        console.print(line)
+    if args.write:
+        body = _record.markdown_table(table) + "\n\n" + "\n\n".join(lines)
+        path = _record.record("accumulation", body,
+                              device=str(next(model.parameters()).device),
+                              command=_record.command_line(__file__, argv))
+        print(f"updated {path}", file=sys.stderr)
     return 0
 
 

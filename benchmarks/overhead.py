@@ -8,11 +8,14 @@ peak bytes. Nothing is asserted: this is for eyes (and for spotting where the co
 
     python benchmarks/overhead.py --model gpt
     python benchmarks/overhead.py --model all --size small --repeats 3 --threads 1
+    python benchmarks/overhead.py --model gpt --threads 1 --write
 
 "measured / none" is the median step time of the rewritten module over that of the
 unscheduled one (both measured here, the same way); "predicted overhead" is
 ``simulate(graph, schedule).overhead``, the recompute time over the unscheduled step, so a
-schedule predicted at +35% should measure about 1.35x.
+schedule predicted at +35% should measure about 1.35x. With ``--write`` the tables also
+replace the ``overhead`` section of ``docs/benchmarks.md`` (`_record.record`: with the date,
+the machine and this command line).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `examples` is not an installed package
     sys.path.insert(0, str(ROOT))
+
+# this script's folder is on sys.path: the shared writer of docs/benchmarks.md
+import _record
 
 EXAMPLES = ("mlp", "gpt", "unet", "hf_gpt2")
 #: ``--size small``: the sizes the tests use (seconds to profile on 2 CPU cores)
@@ -106,9 +112,9 @@ def bench(name: str, *, size: str, repeats: int) -> tuple[list[dict[str, Any]], 
     return rows, info
 
 
-def print_table(name: str, rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
+def make_table(name: str, rows: list[dict[str, Any]], info: dict[str, Any]) -> Any:
+    """The rich ``Table`` of one example's rows."""
     import torch
-    from rich.console import Console
     from rich.table import Table
 
     from scheduler.units import format_bytes, format_seconds
@@ -125,6 +131,12 @@ def print_table(name: str, rows: list[dict[str, Any]], info: dict[str, Any]) -> 
                       format_seconds(r["measured_step_s"]), f"{r['ratio']:.2f}x",
                       f"+{r['predicted_overhead']:.1%}", format_bytes(r["predicted_peak"]),
                       format_bytes(r["measured_peak"]), f"{err:+.1%}")
+    return table
+
+
+def print_table(table: Any) -> None:
+    from rich.console import Console
+
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
         console = Console(width=132)
@@ -144,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default: torch's own choice); 1 gives "
                              "steadier times on a machine other jobs are loading")
+    _record.add_write_option(parser)
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
@@ -153,12 +166,22 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    parts, devices = [], []
     for name in EXAMPLES if args.model == "all" else (args.model,):
         if name == "hf_gpt2" and importlib.util.find_spec("transformers") is None:
             print(f"{name}: skipped (pip install transformers)")
+            parts.append(f"{name}: skipped (transformers is not installed)")
             continue
         rows, info = bench(name, size=args.size, repeats=args.repeats)
-        print_table(name, rows, info)
+        table = make_table(name, rows, info)
+        print_table(table)
+        parts.append(_record.markdown_table(table))
+        devices.append(str(info["device"]))
+    if args.write:
+        path = _record.record("overhead", "\n\n".join(parts),
+                              device=", ".join(dict.fromkeys(devices)) or "none",
+                              command=_record.command_line(__file__, argv))
+        print(f"updated {path}", file=sys.stderr)
     return 0
 
 
