@@ -60,7 +60,7 @@ def relax(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = N
           ) -> SolveResult:
     """The best fitting schedule read off the full-space relaxation (see the module
     docstring), with the relaxation's bound: OPTIMAL when it reaches it."""
-    from .cpsat import _warm_start
+    from .cpsat import warm_start
 
     started = time.perf_counter()
     got = relax_and_round(graph, budget_bytes, time_limit_s)
@@ -70,7 +70,7 @@ def relax(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = N
                       status=INFEASIBLE, full_space=True)
     schedule, t = got.schedule, got.recompute_s
     if schedule is None or not reaches(t, bound):  # (then the cheap baselines may do better)
-        warm = _warm_start(graph, budget_bytes)
+        warm = warm_start(graph, budget_bytes)
         if warm is not None and warm.estimate.recompute_s < t:
             schedule, t = warm.schedule, warm.estimate.recompute_s
     if schedule is None:

@@ -21,8 +21,8 @@ from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import CostGraph
 from scheduler.ir.schedule import Schedule
 from scheduler.solvers import FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult
-from scheduler.solvers.bound import full_space_bound
 from scheduler.solvers.brute import brute_force
+from scheduler.solvers.config import SolverConfig
 from scheduler.solvers.dp import dp, save_candidates, table_for
 from scheduler.testing.synthetic import random_graph
 
@@ -176,12 +176,11 @@ def test_cpsat_out_of_time_returns_the_best_cheap_baseline() -> None:
     """When time runs out before CP-SAT finds a schedule that fits, cpsat answers with the
     best fitting warm start (FEASIBLE, never a false INFEASIBLE), simulated like any result."""
     from scheduler.solvers import get_solver
-    from scheduler.solvers.cpsat import WARM_STARTS
 
     g = random_graph(300, kind="dag", seed=3)
     sqrt = get_solver("sqrt")(g, 1 << 62)
     budget = sqrt.estimate.peak_bytes  # sqrt fits exactly
-    fitting = [get_solver(n)(g, budget) for n in WARM_STARTS]
+    fitting = [get_solver(n)(g, budget) for n in SolverConfig().cpsat_warm_starts]
     best = min((r for r in fitting if r.status != INFEASIBLE),
                key=lambda r: r.estimate.recompute_s)
     got = get_solver("cpsat")(g, budget, time_limit_s=1e-6)
@@ -191,9 +190,9 @@ def test_cpsat_out_of_time_returns_the_best_cheap_baseline() -> None:
     assert got.estimate.peak_bytes <= budget
 
 
-def test_cpsat_answers_with_a_fitting_baseline_its_units_miss(monkeypatch: Any) -> None:
+def test_cpsat_answers_with_a_fitting_baseline_its_units_miss() -> None:
     """Where nothing on cpsat's unit points fits but a cheap baseline (cut elsewhere) does,
-    cpsat returns that baseline as FEASIBLE, not INFEASIBLE."""
+    cpsat returns that baseline as FEASIBLE, not INFEASIBLE (one unit: ``cpsat_max_units=1``)."""
     from scheduler.solvers import cpsat as mod
     from scheduler.solvers import get_solver
 
@@ -204,17 +203,19 @@ def test_cpsat_answers_with_a_fitting_baseline_its_units_miss(monkeypatch: Any) 
     whole = [simulate(g, Schedule.from_regions(g, [(0, n, p)])).peak_bytes
              for p in ("keep", "recompute")]
     assert min(whole) > budget  # one unit: neither of its two schedules fits
-    monkeypatch.setattr(mod, "unit_points", lambda graph: [0, n])
-    got = mod.cpsat(g, budget, time_limit_s=CPSAT_LIMIT_S)
+    one = SolverConfig(cpsat_max_units=1)
+    assert mod.unit_points(g, config=one) == [0, n]
+    got = mod.cpsat(g, budget, time_limit_s=CPSAT_LIMIT_S, config=one)
     assert got.status == FEASIBLE
     assert got.estimate == simulate(g, got.schedule)
     assert got.estimate.peak_bytes <= budget
     assert got.estimate.recompute_s <= every.estimate.recompute_s
 
 
-def _compare_cpsat(seed: int, g: CostGraph, *, fine: bool = False) -> None:
+def _compare_cpsat(seed: int, g: CostGraph, *, fine: bool = False,
+                   config: SolverConfig | None = None) -> None:
     """cpsat against brute force over `unit_points` (``fine``: cpsat_fine over `fine_points`),
-    at every budget."""
+    at every budget, with ``config``."""
     cpsat, unit_points = _cpsat()
     if fine:
         from scheduler.solvers.cpsat import cpsat_fine, fine_points
@@ -223,7 +224,7 @@ def _compare_cpsat(seed: int, g: CostGraph, *, fine: bool = False) -> None:
     min_feasible = brute_force(g, 0, points=points).min_feasible_bytes
     for budget in _budgets(g, min_feasible):
         ref = brute_force(g, budget, points=points)
-        got = cpsat(g, budget, time_limit_s=CPSAT_LIMIT_S)
+        got = cpsat(g, budget, time_limit_s=CPSAT_LIMIT_S, config=config)
         why = _explain(g, seed, budget, got, ref)
         assert (got.status == INFEASIBLE) == (ref.status == INFEASIBLE), why
         if ref.status == INFEASIBLE:
@@ -342,7 +343,8 @@ def test_cpsat_units_cut_inside_blocks_where_as_cheap_as_between_them() -> None:
 def test_cpsat_out_of_time_answers_the_better_of_its_find_and_the_warm_start(
         monkeypatch: Any) -> None:
     """When CP-SAT runs out of time with a fitting schedule worse than the warm start, cpsat
-    answers with the warm start (FEASIBLE), its bound lowered to the warm start's time."""
+    answers with the warm start (FEASIBLE), its bound over the space lowered to the warm
+    start's time."""
     from scheduler.solvers import cpsat as mod
     from scheduler.solvers import get_solver
 
@@ -350,15 +352,13 @@ def test_cpsat_out_of_time_answers_the_better_of_its_find_and_the_warm_start(
     worse = Schedule.from_regions(g, [(0, len(g.compute_nodes), "recompute")])
     every = get_solver("every_block")(g, 1 << 62)
     budget = max(every.estimate.peak_bytes, simulate(g, worse).peak_bytes)
-    warm = mod._warm_start(g, budget).schedule
+    warm = mod.warm_start(g, budget).schedule
     warm_s = simulate(g, warm).recompute_s
     assert simulate(g, worse).recompute_s > warm_s
-    monkeypatch.setattr(mod, "_solve_lazy", lambda *a, **k: (FEASIBLE, worse, warm_s * 2))
+    monkeypatch.setattr(mod, "solve_lazy", lambda *a, **k: (FEASIBLE, worse, warm_s * 2))
     got = mod.cpsat(g, budget, time_limit_s=1.0)
     assert got.status == FEASIBLE and got.estimate == simulate(g, warm)
     assert got.space_bound_s == warm_s and not got.space_optimal
-    full = full_space_bound(g, budget)
-    assert got.lower_bound_s == full and got.gap == pytest.approx((warm_s - full) / warm_s)
 
 
 def test_cpsat_incumbents_keep_the_best_schedule_that_fits() -> None:
@@ -367,14 +367,15 @@ def test_cpsat_incumbents_keep_the_best_schedule_that_fits() -> None:
     from ortools.sat.python import cp_model
 
     from scheduler.solvers import cpsat as mod
+    from scheduler.solvers.cpsat_model import CpsatModel
 
     g = random_graph(8, kind="chain", seed=4)
     points = mod.unit_points(g)
     budget = brute_force(g, 0, points=points).min_feasible_bytes
     budget += (g.measured_peak_bytes - budget) // 2
     ref = brute_force(g, budget, points=points)
-    model = mod._Model(g, points, budget)
-    seen = mod._Incumbents(model, g, budget)
+    model = CpsatModel(g, points, budget)
+    seen = mod.Incumbents(model, g, budget)
     solver = cp_model.CpSolver()
     assert solver.Solve(model.m, seen.callback()) == cp_model.OPTIMAL
     assert seen.best is not None
@@ -408,10 +409,18 @@ def test_cpsat_equals_brute_force_when_searching_without_presolve_first(
     a bound no higher, and INFEASIBLE exactly when brute force does."""
     from scheduler.solvers import cpsat as mod
 
-    monkeypatch.setattr(mod, "LARGE_MODEL", 0)
-    monkeypatch.setattr(mod, "BOUND_STEPS", bound_steps)
+    steps: list[int | None] = []
+    real = mod.CpsatModel
+
+    def spy(*a: Any, **k: Any) -> Any:  # (which models the search builds)
+        steps.append(k.get("steps"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(mod, "CpsatModel", spy)
+    config = SolverConfig(cpsat_large_model=0, cpsat_bound_steps=bound_steps)
     for seed in range(1000, 1004):
-        _compare_cpsat(seed, _graph("dag", seed, max_nodes=7))
+        _compare_cpsat(seed, _graph("dag", seed, max_nodes=7), config=config)
+    assert bound_steps in steps  # (the bound model was searched)
 
 
 def test_cpsat_objective_is_the_simulated_recompute_time() -> None:
@@ -421,7 +430,8 @@ def test_cpsat_objective_is_the_simulated_recompute_time() -> None:
     each."""
     from ortools.sat.python import cp_model
 
-    from scheduler.solvers.cpsat import _Model, unit_points
+    from scheduler.solvers.cpsat import unit_points
+    from scheduler.solvers.cpsat_model import CpsatModel
 
     rnd = random.Random(5)
     for kind, seed in [("dag", 1), ("dag", 2), ("chain", 3)]:
@@ -429,7 +439,7 @@ def test_cpsat_objective_is_the_simulated_recompute_time() -> None:
         assert g.checkpoint_call_s > 0 and g.checkpoint_saved_s > 0
         points = unit_points(g)
         for _ in range(20):
-            model = _Model(g, points, 2 ** 60)
+            model = CpsatModel(g, points, 2 ** 60)
             # regions of units with random policies; no cut between two keep regions
             cut = [False] + [rnd.random() < 0.4 for _ in model.rc[1:]]
             rc: list[bool] = []

@@ -17,7 +17,8 @@ from scheduler.ir.graph import CostGraph
 from scheduler.ir.schedule import Schedule
 from scheduler.solvers import FEASIBLE, INFEASIBLE, get_solver
 from scheduler.solvers.base import finish
-from scheduler.solvers.bound import BOUND_S, remembered_bound
+from scheduler.solvers.bound import remembered_bound
+from scheduler.solvers.config import SolverConfig
 
 GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
 
@@ -44,36 +45,34 @@ def test_finish_solves_no_bound_past_its_deadline_and_uses_one_remembered() -> N
 
 
 @pytest.mark.parametrize("name", ["cpsat", "cpsat_fine"])
-def test_cpsat_ends_its_search_in_time_for_the_bound(name: str,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """With no bound remembered, the search stops `BOUND_SHARE` of the limit (at most
-    `bound.BOUND_S`) before it, so that `finish`'s bound solve fits; with one, at the limit.
-    (`cpsat_fine` is given a schedule to start from, so that it runs no `cpsat` first.)"""
+def test_cpsat_ends_its_search_in_time_to_certify(name: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search stops ``cpsat_bound_share`` of the limit (at most ``cpsat_bound_reserve_s``)
+    before it, so that certifying the answer fits within it; the same on a second solve of the
+    same graph (no state kept between solves). (`cpsat_fine` is given a schedule to start
+    from, so that it runs no `cpsat` first.)"""
     from scheduler.solvers import cpsat as mod
 
     searches: list[tuple[float, float | None]] = []
-    real = mod._solve_lazy
+    real = mod.solve_lazy
 
-    def spy(graph, points, budget, deadline, warm=None):
+    def spy(graph, points, budget, deadline, *rest, **kw):
         searches.append((time.perf_counter(), deadline))
-        return real(graph, points, budget, deadline, warm)
+        return real(graph, points, budget, deadline, *rest, **kw)
 
-    monkeypatch.setattr(mod, "_solve_lazy", spy)
+    monkeypatch.setattr(mod, "solve_lazy", spy)
     g, budget = _graph_and_budget("unet", 0.7)
     kw = {"warm": get_solver("every_block")(g, budget).schedule} if name == "cpsat_fine" else {}
     limit = 3.0
-    before = time.perf_counter()
-    r = get_solver(name)(g, budget, time_limit_s=limit, **kw)
-    (at, until), = searches
-    assert r.status != INFEASIBLE and r.lower_bound_s is not None
-    # (the solver started between ``before`` and the search, ``at``)
-    assert before + limit - min(BOUND_S, mod.BOUND_SHARE * limit) < until
-    assert until < at + limit - min(BOUND_S, mod.BOUND_SHARE * limit)
-    searches.clear()
-    before = time.perf_counter()
-    get_solver(name)(g, budget, time_limit_s=limit, **kw)  # (the bound is remembered now)
-    (at, until), = searches
-    assert before + limit < until < at + limit
+    for config in (SolverConfig(), SolverConfig(), SolverConfig(cpsat_bound_reserve_s=0.1)):
+        reserve = min(config.cpsat_bound_reserve_s, config.cpsat_bound_share * limit)
+        searches.clear()
+        before = time.perf_counter()
+        r = get_solver(name)(g, budget, time_limit_s=limit, config=config, **kw)
+        (at, until), = searches
+        assert r.status != INFEASIBLE
+        # (the solver started between ``before`` and the search, ``at``)
+        assert before + limit - reserve < until < at + limit - reserve
 
 
 def test_relax_solves_leave_time_for_their_schedules(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,25 +167,26 @@ def test_a_bound_solved_in_less_time_is_solved_again_with_more() -> None:
 
 def test_cpsat_fine_alone_starts_from_cpsat_within_its_limit(monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
-    """Without a schedule to start from, `cpsat_fine` runs `cpsat` for `FINE_WARM_SHARE` of its
-    limit and answers no worse; its solve time counts both; given one (as `auto` does), it
-    does not."""
+    """Without a schedule to start from, `cpsat_fine` runs `cpsat` for
+    ``cpsat_fine_warm_share`` of its limit and answers no worse; its solve time counts both;
+    given one (as `auto` does), it does not."""
     from scheduler.solvers import cpsat as mod
 
     firsts: list[tuple[float | None, object]] = []
     real = mod.cpsat
 
-    def spy(graph, budget, *, time_limit_s=None):
-        r = real(graph, budget, time_limit_s=time_limit_s)
+    def spy(graph, budget, *, time_limit_s=None, config=None):
+        r = real(graph, budget, time_limit_s=time_limit_s, config=config)
         firsts.append((time_limit_s, r))
         return r
 
     monkeypatch.setattr(mod, "cpsat", spy)
     g, budget = _graph_and_budget("gpt", 0.7)
     limit = 2.0
-    r = mod.cpsat_fine(g, budget, time_limit_s=limit)
+    config = SolverConfig(cpsat_fine_warm_share=0.4)
+    r = mod.cpsat_fine(g, budget, time_limit_s=limit, config=config)
     (given, first), = firsts
-    assert given == pytest.approx(mod.FINE_WARM_SHARE * limit)
+    assert given == pytest.approx(0.4 * limit)
     assert r.status != INFEASIBLE and r.estimate.peak_bytes <= budget
     assert r.estimate.recompute_s <= first.estimate.recompute_s
     assert r.solve_s >= first.solve_s
