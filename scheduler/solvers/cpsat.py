@@ -20,7 +20,7 @@ of its unit's last saver).
 So the model is a relaxation: it never rejects a schedule the simulator accepts, and its
 objective is exact. Each solution is simulated; one that does not fit (a replay burst) is cut
 off by a no-good constraint and the model is solved again. The first solution that fits is
-therefore optimal over the space when CP-SAT proves it OPTIMAL (``space_optimal``; `finish`
+therefore optimal over the space when CP-SAT proves it OPTIMAL (``space_optimal``; `certify`
 decides against the full-space bound whether that is OPTIMAL); with the time limit hit it is
 FEASIBLE with its bound over the space as ``space_bound_s``. The best fitting cheap
 baseline (`WARM_STARTS`) is CP-SAT's hint, and cpsat's answer when time runs out before
@@ -73,9 +73,10 @@ from ..cost.static import Static
 from ..ir.graph import CostGraph
 from ..ir.schedule import KEEP, RECOMPUTE, Schedule
 from .base import FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult, finish, register
+from .config import SolverConfig
 from .dp import chain_cuts, crossing_counts
 
-__all__ = ["cpsat", "cpsat_fine", "fine_points", "unit_points"]
+__all__ = ["cpsat", "cpsat_fine", "fine_points", "unit_points", "warm_start"]
 
 _NS = 1e9
 
@@ -678,8 +679,8 @@ def _min_feasible(graph: CostGraph, points: list[int], deadline: float | None) -
 WARM_STARTS = ("every_block", "sqrt", "uniform:2", "uniform:4")
 
 
-def _warm_start(graph: CostGraph, budget_bytes: int, given: Schedule | None = None
-                ) -> SolveResult | None:
+def warm_start(graph: CostGraph, budget_bytes: int, given: Schedule | None = None
+               ) -> SolveResult | None:
     """The fitting result with the least recompute time among `WARM_STARTS` (and
     ``given``), or None."""
     from .base import get_solver
@@ -753,23 +754,21 @@ def cpsat_fine(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | Non
                   started=started)
 
 
-#: with a time limit, and no full-space bound remembered for the graph and budget, the search
-#: stops early enough for `finish`'s bound solve (`bound.BOUND_S`, but at most this share of
-#: the limit) to fit within it
+#: with a time limit, the search stops early enough for the caller's `certify` (its bound
+#: solve: `SolverConfig.bound_s`, but at most this share of the limit) to fit within it
 BOUND_SHARE = 0.1
 
 
 def _cpsat(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
            points: list[int], name: str, space: str, given: Schedule | None = None,
            started: float | None = None) -> SolveResult:
-    from .bound import BOUND_S, remembered_bound
-
     at = time.perf_counter()
     started = at if started is None else started  # (its solve_s counts from there)
     deadline = search_until = None if time_limit_s is None else at + time_limit_s
-    if time_limit_s is not None and remembered_bound(graph, budget_bytes) is None:
-        search_until = at + time_limit_s - min(BOUND_S, BOUND_SHARE * time_limit_s)
-    warm_result = _warm_start(graph, budget_bytes, given)
+    if time_limit_s is not None:
+        search_until = at + time_limit_s - min(SolverConfig().bound_s,
+                                               BOUND_SHARE * time_limit_s)
+    warm_result = warm_start(graph, budget_bytes, given)
     warm = None if warm_result is None else warm_result.schedule
     status, sched, bound = _solve_lazy(graph, points, budget_bytes, search_until, warm)
     if sched is not None:
@@ -777,7 +776,7 @@ def _cpsat(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
     if status == INFEASIBLE:  # proven: nothing in the space fits
         if warm is not None:  # ... but a baseline off the points does
             return finish(graph, budget_bytes, warm, solver=name, started=started,
-                          status=FEASIBLE, deadline=deadline)
+                          status=FEASIBLE)
         return finish(graph, budget_bytes, None, solver=name, started=started,
                       status=INFEASIBLE,
                       min_feasible_bytes=_min_feasible(graph, points, deadline))
@@ -788,9 +787,9 @@ def _cpsat(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
             sched is None or warm_s < simulate(graph, sched).recompute_s):
         # out of time before finding a schedule that fits, or one that beats the warm start
         return finish(graph, budget_bytes, warm, solver=name, started=started,
-                      status=FEASIBLE, lower_bound_s=bound, deadline=deadline)
+                      status=FEASIBLE, lower_bound_s=bound)
     if sched is None:
         return finish(graph, budget_bytes, None, solver=name, started=started,
                       status=INFEASIBLE)
     return finish(graph, budget_bytes, sched, solver=name, started=started,
-                  status=status, lower_bound_s=bound, deadline=deadline)
+                  status=status, lower_bound_s=bound)
