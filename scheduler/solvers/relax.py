@@ -204,9 +204,9 @@ def relax(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = N
         warm = warm_start(graph, budget_bytes)
         if warm is not None and warm.estimate is not None and warm.estimate.recompute_s < t:
             schedule, t = warm.schedule, warm.estimate.recompute_s
-    if schedule is None:
+    if schedule is None:  # (out of time: its bound still holds, for `auto` to judge others by)
         return finish(graph, budget_bytes, None, solver="relax", started=started,
-                      status=INFEASIBLE, full_space=True)
+                      status=INFEASIBLE, lower_bound_s=bound, full_space=True)
     status = OPTIMAL if reaches(t, bound) else FEASIBLE
     return finish(graph, budget_bytes, schedule, solver="relax", started=started,
                   status=status, lower_bound_s=bound, full_space=True)
