@@ -26,6 +26,7 @@ from .measurement.step import measure
 from .report import plot_timeline
 from .rewrite import CheckpointedModule, rewrite
 from .solvers.base import INFEASIBLE, SolveResult, get_solver
+from .solvers.certify import solve_and_certify
 from .units import format_bytes, format_seconds
 
 __all__ = ["Plan", "apply", "solve", "solve_graph"]
@@ -164,15 +165,16 @@ def solve_graph(graph: CostGraph, budget: int | float | str, *, solver: str = "a
         budget: see `parse_budget`; fractions refer to ``simulate(graph, Schedule.none(graph))``.
         solver: a registered solver name (`scheduler.solvers.available`), e.g. ``"auto"``,
             ``"dp"``, ``"greedy"``, ``"uniform:4"``.
-        time_limit_s: passed to the solver (the baselines ignore it).
+        time_limit_s: passed to the solver (the baselines ignore it); what it leaves goes to
+            certifying its result (`solvers.certify.certify`).
         headroom: fraction of the budget held back for error in the cost model: the solver gets
             ``budget * (1 - headroom)``. In [0, 1); default 0, because the budget given here
             is the step's peak the caller asks for (`advise` and `max_batch`, which start
             from a device's memory, default to 0.1).
 
     Returns:
-        The solver's `SolveResult`, ``OPTIMAL`` or ``FEASIBLE``; its ``budget_bytes`` is the
-        budget after headroom.
+        The solver's `SolveResult`, certified: ``OPTIMAL`` or ``FEASIBLE`` over the full
+        schedule space; its ``budget_bytes`` is the budget after headroom.
 
     Raises:
         InfeasibleBudgetError: the solver found nothing that fits; the message names the
@@ -182,11 +184,11 @@ def solve_graph(graph: CostGraph, budget: int | float | str, *, solver: str = "a
     """
     if not (isinstance(headroom, numbers.Real) and 0 <= headroom < 1):
         raise ValueError(f"headroom must be a fraction in [0, 1), got {headroom!r}")
-    solve_fn = get_solver(solver)
+    get_solver(solver)  # (an unknown name fails before anything runs)
     unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
     budget_bytes = parse_budget(budget, unconstrained)
     target = int(budget_bytes * (1 - headroom))
-    result = solve_fn(graph, target, time_limit_s=time_limit_s)
+    result = solve_and_certify(graph, target, solver, time_limit_s=time_limit_s)
     if result.status == INFEASIBLE:
         raise infeasible_error(graph, solver, result, budget_bytes, headroom)
     return result

@@ -52,8 +52,6 @@ class Static:
                        for name, evs in g.fwd_events.items()}
         self.replays: dict[tuple, tuple] = {}  # `Simulator._replayed`'s memo
         self.replays_size = 0  # its entries and their frees
-        self.full_bounds: dict[int, float] = {}  # `solvers.bound.full_space_bound`, by budget
-        self.full_bound_s: dict[int, float] = {}  # ... the time it had (none: `relax`'s)
         self.mark = {name: g.replay_mark(name) for name in self.has_saved}
         self.times = {n.name: n.time_s for n in g.nodes}
         self.sac_s = {n.name: n.sac_s for n in g.nodes if n.sac_s}

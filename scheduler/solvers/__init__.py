@@ -1,17 +1,24 @@
 """Solvers: exact (``auto``, ``relax``, ``dp``, ``cpsat``, ``cpsat_fine``) and the baselines
 people use today (``none``, ``every_block``, ``sqrt``, ``uniform:K``, ``greedy``,
-``knapsack``), all with one signature; see `base`."""
+``knapsack``), all with one signature (see `base`); `certify.certify` judges a result against
+the full-space lower bound; `SolverConfig` holds their tunables.
 
+Importing this package imports every solver family below, which registers its solvers in
+`base`'s registry (so `get_solver` finds them whichever module was imported first).
+"""
+
+from . import auto, brute, cpsat, dp, heuristics, relax  # noqa: F401  (they register solvers)
 from .base import (
-                   FEASIBLE,
-                   INFEASIBLE,
-                   OPTIMAL,
-                   SolveResult,
-                   UnknownSolverError,
-                   available,
-                   get_solver,
-                   register,
+    FEASIBLE,
+    INFEASIBLE,
+    OPTIMAL,
+    SolveResult,
+    UnknownSolverError,
+    available,
+    get_solver,
+    register,
 )
+from .config import SolverConfig
 
-__all__ = ["FEASIBLE", "INFEASIBLE", "OPTIMAL", "SolveResult", "UnknownSolverError",
-           "available", "get_solver", "register"]
+__all__ = ["FEASIBLE", "INFEASIBLE", "OPTIMAL", "SolveResult", "SolverConfig",
+           "UnknownSolverError", "available", "get_solver", "register"]

@@ -1,36 +1,43 @@
 """The solver contract: one signature, one result type, a registry by name.
 
-Every solver is a function ``(graph, budget_bytes, *, time_limit_s=None) -> SolveResult``.
-Its result carries the `Schedule`, the `Estimate` that `simulate` gives for it (never the
-solver's own arithmetic), and a status:
+Every solver is a function ``(graph, budget_bytes, *, time_limit_s=None, **options) ->
+SolveResult``. Its result carries the `Schedule`, the `Estimate` that `simulate` gives for it
+(never the solver's own arithmetic), and a status:
 
 * ``OPTIMAL``: the least recompute time over the *full* schedule space (any region
-  boundaries, keep or recompute, any save sets), proven: the solver proved it optimal over
-  its own space and `bound.full_space_bound` shows that nothing outside it does better;
+  boundaries, keep or recompute, any save sets), proven: by the solver itself when its space
+  is the full one (`relax`), else by `certify.certify`, when the full-space bound reaches it;
 * ``FEASIBLE``: fits the budget, optimality over the full space not proven (``gap`` says how
-  far it may be; ``space_optimal`` says whether it is proven optimal over the solver's own
-  space, named in ``schedule.meta["space"]``);
+  far it may be, once certified; ``space_optimal`` says whether it is proven optimal over the
+  solver's own space, named in ``schedule.meta["space"]``);
 * ``INFEASIBLE``: nothing the solver considers fits. A baseline still returns its schedule and
   estimate so the caller sees by how much it misses; an optimizing solver returns
   ``schedule=None`` and, when it proved infeasibility, ``min_feasible_bytes``
   (``None`` there means it ran out of time before finding anything).
+
+A solver's result depends only on the graph, the budget and its arguments (and, where it
+searches within a time limit, on how far it got): nothing is remembered between calls but
+what is computed from the graph alone (`graph_cache`).
+This module imports no other solver module; `scheduler.solvers` imports every solver family,
+which registers its solvers here.
 """
 
 from __future__ import annotations
 
 import re
 import time
-import warnings
+import weakref
 from dataclasses import dataclass, replace
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from ..cost.simulate import Estimate, simulate
+from ..cost.static import Static
 from ..ir.graph import CostGraph
 from ..ir.schedule import Schedule
 
 __all__ = ["OPTIMAL", "FEASIBLE", "INFEASIBLE", "SolveResult", "Solver", "register",
-           "get_solver", "available", "UnknownSolverError", "finish", "rebound", "reaches",
-           "above"]
+           "get_solver", "available", "UnknownSolverError", "finish", "reaches", "above",
+           "relative_gap", "graph_cache"]
 
 OPTIMAL = "OPTIMAL"
 FEASIBLE = "FEASIBLE"
@@ -41,10 +48,13 @@ INFEASIBLE = "INFEASIBLE"
 class SolveResult:
     """What a solver returns. ``estimate == simulate(graph, schedule)`` whenever there is a
     schedule. ``lower_bound_s`` is a proven lower bound on the optimal recompute time over the
-    full schedule space, where the solver has one; ``gap`` is ``(recompute_s - lower_bound_s)
-    / max(recompute_s, tiny)``. ``space_optimal``: proven optimal over the solver's own space
+    full schedule space, where the result has one (from a solver whose space is the full one,
+    or from `certify.certify`); ``gap`` is ``(recompute_s - lower_bound_s) /
+    max(recompute_s, tiny)``. ``space_optimal``: proven optimal over the solver's own space
     (``schedule.meta["space"]``); ``space_bound_s``: the solver's lower bound over that space
-    (not a bound over the full space)."""
+    (not a bound over the full space). ``certifiable``: an optimizing solver's result that
+    fits (a baseline's claims nothing, and `certify` leaves it as it is); ``certified``:
+    `certify` has judged it."""
 
     solver: str
     status: str
@@ -58,6 +68,8 @@ class SolveResult:
     min_feasible_bytes: int | None = None
     space_optimal: bool = False
     space_bound_s: float | None = None
+    certifiable: bool = False
+    certified: bool = False
 
     @property
     def fits(self) -> bool:
@@ -66,7 +78,7 @@ class SolveResult:
 
 class Solver(Protocol):
     def __call__(self, graph: CostGraph, budget_bytes: int, *,
-                 time_limit_s: float | None = None) -> SolveResult: ...
+                 time_limit_s: float | None = None, **options: Any) -> SolveResult: ...
 
 
 class UnknownSolverError(ValueError):
@@ -90,7 +102,6 @@ def register(name: str, *, parametric: bool = False) -> Callable:
 
 def available() -> list[str]:
     """Registered solver names (parametric ones shown as ``name:K``)."""
-    _load_all()
     return sorted(_REGISTRY) + sorted(f"{k}:K" for k in _PARAMETRIC)
 
 
@@ -100,7 +111,6 @@ def get_solver(name: str) -> Callable[..., SolveResult]:
     Raises:
         UnknownSolverError: listing the valid names.
     """
-    _load_all()
     if name in _REGISTRY:
         return _REGISTRY[name]
     m = re.fullmatch(r"([a-z_]+):(.+)", name)
@@ -112,21 +122,17 @@ def get_solver(name: str) -> Callable[..., SolveResult]:
 
 def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, solver: str,
            started: float, status: str | None = None, lower_bound_s: float | None = None,
-           min_feasible_bytes: int | None = None, full_space: bool = False,
-           deadline: float | None = None) -> SolveResult:
+           min_feasible_bytes: int | None = None, full_space: bool = False) -> SolveResult:
     """Build a `SolveResult`: simulate the schedule, decide FEASIBLE/INFEASIBLE from the
     simulated peak unless ``status`` is given, and stamp the schedule with the solver's name,
-    status, gap and budget.
+    status, gap and budget. Nothing here bounds the result: that is `certify.certify`'s.
 
     An optimizing solver passes ``status`` (OPTIMAL when it proved the schedule optimal over
-    its own space) and ``lower_bound_s`` (its bound over that space). Unless ``full_space``
-    says that its space is the full one, both are kept as ``space_optimal`` and
-    ``space_bound_s``, and the result's status and gap are decided against
-    `bound.full_space_bound`: OPTIMAL only when the schedule's recompute time reaches that
-    bound (within a millionth, the picosecond rounding of the bound's objective).
-    ``deadline`` (a `time.perf_counter` value): the solver's time limit, which that bound's
-    solve keeps to (`full_space_bound` gets at most `bound.BOUND_S`, and what is left of the
-    limit; with none left and none remembered, the result has no bound).
+    its own space) and ``lower_bound_s`` (its bound over that space); its result is
+    ``certifiable``. Unless ``full_space`` says that its space is the full one, both are kept
+    as ``space_optimal`` and ``space_bound_s`` only, and the result is FEASIBLE (a schedule
+    that fits) until `certify` judges it against the full-space bound. With ``full_space``,
+    ``lower_bound_s`` is a bound over the full space and the status stands as given.
     """
     est = simulate(graph, schedule) if schedule is not None else None
     claimed = status
@@ -136,27 +142,15 @@ def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, so
         raise AssertionError(
             f"solver {solver!r} claimed {status} but its schedule's simulated peak "
             f"{None if est is None else est.peak_bytes} exceeds the budget {budget_bytes}")
-    space_optimal = claimed == OPTIMAL
+    space_optimal = claimed == OPTIMAL and status != INFEASIBLE
     space_bound = lower_bound_s
-    if claimed is not None and status != INFEASIBLE and not full_space:
-        from .bound import BoundWarning
-
-        assert est is not None
-        lower_bound_s = _full_bound(graph, budget_bytes, deadline)
-        status = FEASIBLE
-        if lower_bound_s is not None and above(lower_bound_s, est.recompute_s):
-            warnings.warn(
-                f"the full-space bound {lower_bound_s} s exceeds the recompute time "
-                f"{est.recompute_s} s of {solver!r}'s schedule, which fits the budget "
-                f"{budget_bytes}: the bound's relaxation is wrong for graph {graph.name!r}; "
-                "the result carries no bound. Please report it with the graph's JSON",
-                BoundWarning, stacklevel=2)
-            lower_bound_s = None
-        elif lower_bound_s is not None and reaches(est.recompute_s, lower_bound_s):
-            status = OPTIMAL
+    if not full_space:
+        lower_bound_s = None
+        if claimed is not None and status != INFEASIBLE:
+            status = FEASIBLE
     gap = None
     if est is not None and lower_bound_s is not None and status != INFEASIBLE:
-        gap = _gap(est.recompute_s, lower_bound_s, status)
+        gap = relative_gap(est.recompute_s, lower_bound_s, status)
     solve_s = time.perf_counter() - started
     if schedule is not None:
         meta = schedule.meta
@@ -169,25 +163,8 @@ def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, so
                        schedule=schedule, estimate=est, solve_s=solve_s,
                        lower_bound_s=lower_bound_s, gap=gap,
                        min_feasible_bytes=min_feasible_bytes if status == INFEASIBLE else None,
-                       space_optimal=space_optimal and status != INFEASIBLE,
-                       space_bound_s=space_bound)
-
-
-#: `finish` does not start a bound's solve with less time than this left before its deadline
-MIN_BOUND_S = 0.05
-
-
-def _full_bound(graph: CostGraph, budget_bytes: int, deadline: float | None) -> float | None:
-    """`bound.full_space_bound`, within ``deadline`` when there is one (None: no time left and
-    none remembered)."""
-    from .bound import BOUND_S, full_space_bound, remembered_bound
-
-    if deadline is None:
-        return full_space_bound(graph, budget_bytes)
-    left = min(BOUND_S, deadline - time.perf_counter())
-    if left < MIN_BOUND_S:
-        return remembered_bound(graph, budget_bytes)
-    return full_space_bound(graph, budget_bytes, time_limit_s=left)
+                       space_optimal=space_optimal, space_bound_s=space_bound,
+                       certifiable=claimed is not None and status != INFEASIBLE)
 
 
 def reaches(recompute_s: float, bound_s: float) -> bool:
@@ -202,36 +179,22 @@ def above(bound_s: float, recompute_s: float) -> bool:
     return bound_s > recompute_s * (1 + 1e-9) + 1e-12
 
 
-def _gap(recompute_s: float, bound_s: float, status: str) -> float:
+def relative_gap(recompute_s: float, bound_s: float, status: str) -> float:
     """The relative gap of a result to its bound (0 when OPTIMAL)."""
     if status == OPTIMAL:
         return 0.0
     return max(0.0, recompute_s - bound_s) / max(recompute_s, 1e-12)
 
 
-def rebound(graph: CostGraph, result: SolveResult) -> SolveResult:
-    """``result`` judged against the best full-space bound remembered for its graph and budget,
-    when that is better than the one it was finished with (found later, by `relax`): its
-    lower bound, gap and status (OPTIMAL when the bound reaches its recompute time), in the
-    result and in its schedule's stamp. Results without a bound (baselines) are left as they
-    are."""
-    from .bound import remembered_bound
-
-    if result.estimate is None or result.schedule is None or result.lower_bound_s is None:
-        return result
-    bound = remembered_bound(graph, result.budget_bytes)
-    t = result.estimate.recompute_s
-    if bound is None or bound <= result.lower_bound_s or above(bound, t):
-        return result  # (one above it is `finish`'s to report, as a BoundWarning)
-    status = OPTIMAL if reaches(t, bound) else FEASIBLE
-    gap = _gap(t, bound, status)
-    return replace(result, status=status, lower_bound_s=bound, gap=gap,
-                   schedule=replace(result.schedule, status=status, gap=gap))
+#: `Static` of a graph -> cache name -> that cache (see `graph_cache`)
+_CACHES: weakref.WeakKeyDictionary[Static, dict[str, dict[Any, Any]]] = \
+    weakref.WeakKeyDictionary()
 
 
-def _load_all() -> None:
-    """Import every solver family: importing one registers its solvers."""
-    import importlib
-
-    for family in ("heuristics", "dp", "cpsat", "relax", "auto", "brute"):
-        importlib.import_module(f"{__package__}.{family}")
+def graph_cache(graph: CostGraph, name: str) -> dict[Any, Any]:
+    """A dict, called ``name``, for values computed from ``graph`` alone (`dp`'s region
+    tables, `brute`'s simulated spaces). It lives beside the graph, not on it: keyed by the
+    graph's `Static`, it goes when the graph goes, and starts empty when the graph's nodes,
+    storages or events change (`Static.of` builds a new one then). Values must not hold the
+    graph itself, which would keep it alive."""
+    return _CACHES.setdefault(Static.of(graph), {}).setdefault(name, {})

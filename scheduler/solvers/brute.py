@@ -10,11 +10,11 @@ Fibonacci numbers), e.g. 4181 for m = 8, 75025 for m = 11.
 **Answer.** The least simulated recompute time among schedules whose simulated peak fits the
 budget (ties: the first in enumeration order: fewer regions first, then boundaries and
 policies in lexicographic order, ``policies`` order within a region), proven optimal over
-that space (see `finish` for when that is OPTIMAL).
+that space (`certify` calls it OPTIMAL when the full-space bound reaches it).
 When nothing fits: INFEASIBLE with ``min_feasible_bytes``, the least peak over the space.
 
-The simulated (peak, recompute time) of every schedule in a space is cached on the graph
-object, so asking again with another budget costs a scan, not a simulation.
+The simulated (peak, recompute time) of every schedule in a space is cached beside the graph
+(`base.graph_cache`), so asking again with another budget costs a scan, not a simulation.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Sequence
 from ..cost.simulate import simulate
 from ..ir.graph import CostGraph
 from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule
-from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, register
+from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, graph_cache, register
 
 __all__ = ["brute_force", "count_schedules", "schedules", "MAX_NODES"]
 
@@ -120,7 +120,7 @@ def _space(graph: CostGraph, points: list[int], policies: tuple[str, ...],
            max_schedules: int, save_options: SaveOptions | None = None
            ) -> list[tuple[int, float]]:
     """(peak bytes, recompute seconds) of every schedule, in enumeration order; cached."""
-    cache = graph.__dict__.setdefault("_brute_spaces", {})
+    cache = graph_cache(graph, "brute spaces")
     key = (tuple(points), policies, save_options)
     if key not in cache:
         count = count_schedules(graph, points, policies, save_options)
@@ -152,10 +152,10 @@ def brute_force(graph: CostGraph, budget_bytes: int, *, points: list[int],
     policy from ``policies`` per region (and, with ``save_options``, each save set it offers a
     recompute region), by simulating each one.
 
-    Returns the optimum over that space (``space_optimal``; OPTIMAL when the full-space bound
-    reaches it, or with ``full_space=True``, which the caller passes when the points are every
-    position and ``save_options`` offers every save set) or INFEASIBLE with
-    ``min_feasible_bytes`` the least peak over the space.
+    Returns the optimum over that space (``space_optimal``; OPTIMAL once `certify` finds the
+    full-space bound reaches it, or at once with ``full_space=True``, which the caller passes
+    when the points are every position and ``save_options`` offers every save set) or
+    INFEASIBLE with ``min_feasible_bytes`` the least peak over the space.
 
     Raises:
         ValueError: points or policies are malformed, or the space holds more than

@@ -1,4 +1,11 @@
-"""The solvers' tunables in one typed, frozen config: pass ``SolverConfig(...)`` to change one."""
+"""The solvers' tunables, in one typed config.
+
+`auto`, `relax`, `repair`, `dp`, the full-space bound and `certify` take
+``config: SolverConfig | None`` (keyword-only; None: these defaults) and pass it down. The
+defaults are what the recorded graphs in ``graphs/`` and the examples were tuned on; each says
+why it is what it is. Changing one changes what the solvers search or how they share their
+time, never whether a result is correct: bounds stay bounds and schedules are simulated.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +16,77 @@ __all__ = ["SolverConfig"]
 
 @dataclass(frozen=True)
 class SolverConfig:
-    """Tunables of the solvers, one block per solver; the defaults are the ones they use."""
+    """Tunables of the solvers (seconds in ``_s`` fields, shares of a time limit in
+    ``_share`` fields)."""
 
-    # cpsat
+    # -- the full-space bound (`bound.full_space_bound`, `certify.certify`) -----------------
+    #: CP-SAT seconds for the bound `certify` solves: about a second a budget (stopped
+    #: early, the best bound found by then still holds)
+    bound_s: float = 0.8
+    #: `certify` starts no bound solve with less time left: building the model takes that
+    min_bound_s: float = 0.05
+
+    # -- the relaxation (`relaxation.Relaxation`) -------------------------------------------
+    #: memory constraints of each kind made up front (the rest when a rounded schedule breaks
+    #: them): each holds a term per storage, and many make every solve slower
+    max_steps: int = 10
+    #: CP-SAT's workers: ``max_lp`` (LP cuts) raises the bound, ``lb_tree_search`` (least
+    #: bound first) raises it where the cuts stall
+    subsolvers: tuple[str, ...] = ("max_lp", "lb_tree_search")
+    #: compute nodes beyond which the relaxation is lean: CP-SAT proves a lean one in seconds
+    #: where it bounds the full one only loosely
+    lean_nodes: int = 300
+    #: readers and savers this many nodes after a producer at most tie the nodes between into
+    #: its replay's region (a region's replay serves only its own savers)
+    link_span: int = 64
+
+    # -- relax's search loop (`relax.relax_and_round`) --------------------------------------
+    #: solves at most, each with what the last rounded schedule broke
+    rounds: int = 8
+    #: the first solve stops at this share of the limit when its schedule breaks the budget,
+    #: leaving the rest to `repair` and to the solves with what it broke
+    first_share: float = 0.75
+    #: ... at this share when that schedule is far over but one found is within `strip_reach`
+    #: without save sets (`repair` needs seconds from there on large graphs)
+    strip_share: float = 0.6
+    #: seconds a solve may take without a time limit (its bound holds either way)
+    solve_s: float = 60.0
+    #: a lean solve stops within this share of its bound when its schedule breaks the budget:
+    #: the time left goes to `repair`
+    lean_gap: float = 0.005
+    #: left-out constraints a lean relaxation takes in after its first solve (each makes the
+    #: next solve slower; the most broken first)
+    lean_add: int = 1
+
+    # -- repair (`repair.repair`) -----------------------------------------------------------
+    #: best changes of the step before that a repair step simulates again, besides the new
+    #: ones: tens of simulations a step, not hundreds
+    repair_top: int = 24
+    #: the first repair step tries this many times `repair_top` changes, in a prior's order
+    repair_first: int = 4
+    #: over the budget by more than this share, a schedule is over at many steps at once:
+    #: repaired without its save sets, which then go back a node at a time
+    strip_over: float = 0.02
+    #: over by more than `strip_over`, relax repairs the last solution whose schedule without
+    #: save sets is over by at most this share
+    strip_reach: float = 0.03
+
+    # -- auto ------------------------------------------------------------------------------
+    #: share of the limit for `relax`, first: it proves most recorded graphs within it
+    relax_share: float = 0.75
+    #: share of the limit for `cpsat_fine`, last (none without a limit: it seldom proves
+    #: optimality, so it would not stop)
+    fine_share: float = 0.2
+    #: seconds left below which `auto` starts no `cpsat` or `cpsat_fine` (`cpsat` still runs,
+    #: for this long, when nothing fits yet)
+    min_solve_s: float = 0.5
+
+    # -- dp --------------------------------------------------------------------------------
+    #: a recompute region's slowest nodes `dp` may cache: each one more multiplies its region
+    #: table; 2 lowers the MLP's optimum by a fifth
+    save_top: int = 2
+
+    # -- cpsat and cpsat_fine (`cpsat`, `cpsat_model`, `cpsat_space`) ---------------------
     #: `unit_points` keeps at most this many units (the model has O(units^2) region literals)
     cpsat_max_units: int = 48
     #: `unit_points` adds cuts inside blocks only up to this many units: about 25 prove
@@ -34,10 +109,8 @@ class SolverConfig:
     #: CP-SAT's search workers: a small portfolio that also fits a two-core machine
     cpsat_workers: int = 2
     #: with a time limit, the search ends this share of it early, leaving the caller time to
-    #: certify the answer (at most `cpsat_bound_reserve_s`)
+    #: certify the answer (at most `bound_s`, the bound's own limit)
     cpsat_bound_share: float = 0.1
-    #: the most time the search leaves for certifying, in s (the full-space bound's own limit)
-    cpsat_bound_reserve_s: float = 0.8
     #: `cpsat_fine` without a schedule to start from runs `cpsat` first for this share of its
     #: limit: its finer space is searched more slowly, and a good start is most of the answer
     cpsat_fine_warm_share: float = 0.25

@@ -262,7 +262,7 @@ def _cpsat(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
     deadline = search_until = None
     if time_limit_s is not None:
         deadline = at + time_limit_s
-        search_until = deadline - min(config.cpsat_bound_reserve_s,
+        search_until = deadline - min(config.bound_s,
                                       config.cpsat_bound_share * time_limit_s)
     warm_result = warm_start(graph, budget_bytes, given, config=config)
     warm = None if warm_result is None else warm_result.schedule

@@ -3,10 +3,10 @@
 **Space.** Regions start and end at *chain cuts*: positions between two compute nodes that at
 most one activation crosses (no other forward storage is read or saved on both sides). Each
 region is ``keep``, or ``recompute`` with one of the save sets `save_candidates` offers (its
-`SAVE_TOP` slowest allocating nodes at most: selective checkpointing of the ops worth
-caching). `chain_cuts` lists the cuts; when there are
-more than ``max_cuts``, only cuts at block boundaries are kept (the space shrinks, and
-results say so in ``schedule.meta["space"]``).
+`SolverConfig.save_top` slowest allocating nodes at most: selective checkpointing of the ops worth
+caching). `chain_cuts` lists the cuts; when there are more than ``max_cuts``, only cuts at
+block boundaries are kept (the space shrinks, and results say so in
+``schedule.meta["space"]``).
 
 **Why it is exact.** On such a chain the simulator's peak decomposes over regions:
 ``peak = max_j (H_<j + L_j)`` where ``L_j`` is region j's local peak (its forward, replay and
@@ -17,11 +17,11 @@ simulator itself on small schedules, so the DP composes the simulator's own numb
 keeps, for every cut and last policy, the Pareto front of (bytes held, recompute time) over
 feasible prefixes: integers, no rounding, so a schedule it accepts fits. Each result is
 simulated again; it is claimed optimal over the space only when that simulation agrees with
-the composed peak and every region used was separable (`finish` then calls it OPTIMAL only if
-the full-space bound reaches it; else FEASIBLE with ``space_optimal``).
+the composed peak and every region used was separable (``space_optimal``; `certify` calls it
+OPTIMAL only if the full-space bound reaches it).
 
-Running time: O(C^2) simulations to build the region table (cached per graph), then
-O(C^2 * F) per budget, F the Pareto front size.
+Running time: O(C^2) simulations to build the region table (cached beside the graph,
+`base.graph_cache`), then O(C^2 * F) per budget, F the Pareto front size.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from ..cost.simulate import region_costs, storage_readers
 from ..ir.graph import CostGraph
 from ..ir.schedule import KEEP, RECOMPUTE, Schedule
-from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, register
+from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, graph_cache, register
+from .config import SolverConfig
 
 __all__ = ["chain_cuts", "crossing_counts", "dp", "RegionTable", "region_options",
            "save_candidates", "table_for"]
@@ -78,26 +79,21 @@ def chain_cuts(graph: CostGraph) -> list[int]:
     return [c for c in range(1, len(counts) - 1) if counts[c] <= 1]
 
 
-#: How many of a recompute region's slowest nodes dp may cache (each region is offered none,
-#: its slowest, ..., its SAVE_TOP slowest). Each one more multiplies the region table's size.
-#: On the recorded MLP graph 2 lowers the least recompute time at 90% and 70% by a fifth; on
-#: GPT the selective-checkpoint dispatch cost (`Node.sac_s`) eats nearly all of the gain.
-SAVE_TOP = 2
-
-
-def save_candidates(graph: CostGraph, start: int, stop: int) -> list[frozenset[str]]:
+def save_candidates(graph: CostGraph, start: int, stop: int, *,
+                    save_top: int = SolverConfig.save_top) -> list[frozenset[str]]:
     """Save sets offered to a recompute region over ``compute_nodes[start:stop]``: none, its
-    slowest allocating node, ..., its `SAVE_TOP` slowest (ties by position)."""
+    slowest allocating node, ..., its ``save_top`` slowest (ties by position)."""
     names = graph.compute_nodes[start:stop]
     alloc = [(-graph.node(x).time_s, i, x) for i, x in enumerate(names) if graph.allocates(x)]
-    top = [x for _, _, x in sorted(alloc)[:SAVE_TOP]]
+    top = [x for _, _, x in sorted(alloc)[:save_top]]
     return [frozenset(top[:k]) for k in range(len(top) + 1)]
 
 
-def region_options(graph: CostGraph, start: int, stop: int
-                   ) -> list[tuple[str, frozenset[str]]]:
+def region_options(graph: CostGraph, start: int, stop: int, *,
+                   save_top: int = SolverConfig.save_top) -> list[tuple[str, frozenset[str]]]:
     """(policy, save set) choices for one region of the space."""
-    return [(KEEP, frozenset())] + [(RECOMPUTE, s) for s in save_candidates(graph, start, stop)]
+    return [(KEEP, frozenset())] + [(RECOMPUTE, s) for s in
+                                    save_candidates(graph, start, stop, save_top=save_top)]
 
 
 @dataclass(frozen=True)
@@ -125,9 +121,10 @@ class RegionTable:
     piece is that piece's plus what earlier pieces hold). That leaves about a third fewer
     regions to simulate."""
 
-    def __init__(self, graph: CostGraph, cuts: list[int], *, long_keeps: bool = False):
-        """``long_keeps``: offer keep regions over every span (the full table, for checks)."""
-        self.graph = graph
+    def __init__(self, graph: CostGraph, cuts: list[int], *, long_keeps: bool = False,
+                 save_top: int = SolverConfig.save_top):
+        """``long_keeps``: offer keep regions over every span (the full table, for checks).
+        ``save_top``: see `save_candidates`. (It keeps no reference to ``graph``.)"""
         self.points = [0, *cuts, len(graph.compute_nodes)]
         self.crossing = _crossing_producers(graph, self.points)
         self.options: dict[tuple[int, int], list[tuple[str, frozenset[str]]]] = {}
@@ -142,10 +139,11 @@ class RegionTable:
                 cross in save for z in range(a) for _, save in self.options[z, a])
             states[a] = (None,) if a == 0 else ENTRY_STATES if cacheable else POLICIES
             for b in range(a + 1, last + 1):
-                self.options[a, b] = region_options(graph, pts[a], pts[b])
+                self.options[a, b] = region_options(graph, pts[a], pts[b], save_top=save_top)
         for a in range(last):  # one-gap keep regions first: they decide the longer ones
             for q in states[a]:
-                self.entries[a, a + 1, 0, q] = self._measure(a, a + 1, KEEP, frozenset(), q)
+                self.entries[a, a + 1, 0, q] = self._measure(graph, a, a + 1, KEEP,
+                                                             frozenset(), q)
         inexact = [not all(self.entries[a, a + 1, 0, q].exact for q in states[a])
                    for a in range(last)]
         for a in range(last):
@@ -156,7 +154,7 @@ class RegionTable:
                 for o, (p, save) in enumerate(opts):
                     for q in states[a]:
                         if (a, b, o, q) not in self.entries:
-                            self.entries[a, b, o, q] = self._measure(a, b, p, save, q)
+                            self.entries[a, b, o, q] = self._measure(graph, a, b, p, save, q)
 
     def leaves(self, b: int, policy: str, save: frozenset[str]) -> str:
         """The entry state a region ending at point ``b`` leaves for the next one."""
@@ -164,8 +162,9 @@ class RegionTable:
             return "cached"
         return policy
 
-    def _measure(self, a: int, b: int, p: str, save: frozenset[str], q: str | None) -> _Entry:
-        n = len(self.graph.compute_nodes)
+    def _measure(self, graph: CostGraph, a: int, b: int, p: str, save: frozenset[str],
+                 q: str | None) -> _Entry:
+        n = len(graph.compute_nodes)
         start, stop = self.points[a], self.points[b]
         spans: list[tuple] = []
         if start > 0:
@@ -176,8 +175,7 @@ class RegionTable:
         spans.append((start, stop, p, save))
         if stop < n:
             spans.append((stop, n, KEEP))
-        _, costs = region_costs(self.graph, Schedule.from_regions(self.graph, spans),
-                                timeline=False)
+        _, costs = region_costs(graph, Schedule.from_regions(graph, spans), timeline=False)
         j = 1 if start > 0 else 0
         c = costs[j]
         return _Entry(c.local_peak_bytes, c.held_bytes, c.recompute_s,
@@ -197,12 +195,14 @@ def _crossing_producers(graph: CostGraph, points: list[int]) -> dict[int, str | 
     return out
 
 
-def table_for(graph: CostGraph, *, max_cuts: int = 40) -> tuple[RegionTable, str]:
-    """The region table of ``graph`` (cached on the graph object) and a description of the
-    space it spans: every chain cut, or, when there are more than ``max_cuts``, those at block
-    boundaries, evenly thinned to ``max_cuts`` if still too many."""
-    cache = graph.__dict__.setdefault("_dp_tables", {})
-    if max_cuts not in cache:
+def table_for(graph: CostGraph, *, max_cuts: int = 40,
+              save_top: int = SolverConfig.save_top) -> tuple[RegionTable, str]:
+    """The region table of ``graph`` (cached beside the graph, `base.graph_cache`) and a
+    description of the space it spans: every chain cut, or, when there are more than
+    ``max_cuts``, those at block boundaries, evenly thinned to ``max_cuts`` if still too
+    many."""
+    cache = graph_cache(graph, "dp tables")
+    if (max_cuts, save_top) not in cache:
         cuts = chain_cuts(graph)
         space = "chain cuts"
         if len(cuts) > max_cuts:
@@ -213,17 +213,18 @@ def table_for(graph: CostGraph, *, max_cuts: int = 40) -> tuple[RegionTable, str
             step = len(cuts) / max_cuts
             cuts = sorted({cuts[int(i * step)] for i in range(max_cuts)})
             space += f", thinned to {len(cuts)}"
-        cache[max_cuts] = (RegionTable(graph, cuts), space)
-    return cache[max_cuts]
+        cache[max_cuts, save_top] = (RegionTable(graph, cuts, save_top=save_top), space)
+    return cache[max_cuts, save_top]
 
 
-def affordable_cuts(graph: CostGraph, seconds: float, *, most: int = 40) -> int:
+def affordable_cuts(graph: CostGraph, seconds: float, *, most: int = 40,
+                    save_top: int = SolverConfig.save_top) -> int:
     """How many cuts the region table can have for its O(cuts^2) simulations to take about
     ``seconds`` on this graph (timed on one simulation)."""
     t0 = time.perf_counter()
     region_costs(graph, Schedule.none(graph))
     # every region option, after every entry state
-    per_pair = (SAVE_TOP + 2) * len(ENTRY_STATES) * max(time.perf_counter() - t0, 1e-4)
+    per_pair = (save_top + 2) * len(ENTRY_STATES) * max(time.perf_counter() - t0, 1e-4)
     return max(2, min(most, int((2 * seconds / per_pair) ** 0.5)))
 
 
@@ -294,16 +295,19 @@ def min_feasible_bytes(table: RegionTable) -> int:
 
 @register("dp")
 def dp(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None,
-       max_cuts: int = 40) -> SolveResult:
+       max_cuts: int = 40, config: SolverConfig | None = None) -> SolveResult:
     """Exact DP over chain schedules (see the module docstring). The search is polynomial;
     ``time_limit_s`` bounds the table's size (fewer cuts on large graphs, said in
-    ``schedule.meta["space"]``)."""
+    ``schedule.meta["space"]``; a table already built for the graph with no more cuts than
+    ``max_cuts`` is used as it is)."""
     started = time.perf_counter()
-    cached = graph.__dict__.get("_dp_tables", {})
-    if max_cuts not in cached and time_limit_s is not None:
-        max_cuts = next((k for k in sorted(cached, reverse=True) if k <= max_cuts),
-                        min(max_cuts, affordable_cuts(graph, time_limit_s / 2)))
-    table, space = table_for(graph, max_cuts=max_cuts)
+    save_top = (config or SolverConfig()).save_top
+    built = [k for k, top in graph_cache(graph, "dp tables") if top == save_top]
+    if max_cuts not in built and time_limit_s is not None:
+        max_cuts = next((k for k in sorted(built, reverse=True) if k <= max_cuts),
+                        min(max_cuts, affordable_cuts(graph, time_limit_s / 2,
+                                                      save_top=save_top)))
+    table, space = table_for(graph, max_cuts=max_cuts, save_top=save_top)
     found = _search(table, budget_bytes)
     if found is None:
         return finish(graph, budget_bytes, None, solver="dp", started=started,
@@ -311,12 +315,11 @@ def dp(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
     t, spans, composed_peak, exact = found
     schedule = Schedule.from_regions(graph, _spans_merged(spans),
                                      meta={"space": space + "; keep, or recompute saving at most "
-                                                            f"the {SAVE_TOP} slowest nodes"})
+                                                            f"the {save_top} slowest nodes"})
     result = finish(graph, budget_bytes, schedule, solver="dp", started=started)
     proven = exact and result.estimate is not None and \
         result.estimate.peak_bytes == composed_peak
     if proven:
         result = finish(graph, budget_bytes, schedule, solver="dp", started=started,
-                        status=OPTIMAL, lower_bound_s=t,
-                        deadline=None if time_limit_s is None else started + time_limit_s)
+                        status=OPTIMAL, lower_bound_s=t)
     return result

@@ -136,8 +136,8 @@ def greedy(graph: CostGraph, budget_bytes: int, *,
             key = (tuple(cuts), last)
             if key not in candidates:
                 candidates[key] = Schedule.from_cuts(graph, cuts, policies)
-    # (without the timeline: half the time, on the 2,000-node synthetic DAG 1.5 s of 60
-    # simulations; `finish` simulates the one chosen in full)
+    # (without the timeline, a simulation takes half the time; `finish` simulates the one
+    # chosen in full)
     estimates = [(simulate(graph, s, timeline=False), s) for s in candidates.values()]
     fitting = [(e, s) for e, s in estimates if e.peak_bytes <= budget_bytes]
     if fitting:

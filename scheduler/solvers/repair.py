@@ -13,16 +13,17 @@ simulator:
 Each step takes, among the changes that lower the peak, one that fits if any does (the one
 with the least recompute time), else the one with the least recompute time added per byte
 of peak removed. A step tries the changes no step had (those next to the last change), then
-the `TOP` that did best in the steps before, so that a step costs tens of simulations, not
-hundreds (the first tries `FIRST` times as many, in the order of a prior). It stops when the
-schedule fits, when no change lowers the peak, or at the time limit.
+the `SolverConfig.repair_top` that did best in the steps before, so that a step costs tens of
+simulations, not hundreds (the first tries `SolverConfig.repair_first` times as many, in the
+order of a prior). It stops when the schedule fits, when no change lowers the peak, or at the
+time limit.
 
-A schedule over the budget by more than `STRIP_OVER` (or one those steps do not make fit)
-is over at many steps at once, where no single change lowers the peak: it is repaired
-without its save sets (which replays what they cached, and frees it until then), and then
-its save-set nodes go back in, the longest-running first, each that keeps it fitting and
-lowers its recompute time. Nothing here is a bound: the schedule it returns is as good as
-its simulated recompute time.
+A schedule over the budget by more than `SolverConfig.strip_over` (or one those steps do not
+make fit) is over at many steps at once, where no single change lowers the peak: it is
+repaired without its save sets (which replays what they cached, and frees it until then), and
+then its save-set nodes go back in, the longest-running first, each that keeps it fitting and
+lowers its recompute time. Nothing here is a bound: the schedule it returns is as good as its
+simulated recompute time.
 """
 
 from __future__ import annotations
@@ -35,48 +36,29 @@ from ..cost.simulate import Simulator
 from ..cost.static import Static
 from ..ir.graph import CostGraph
 from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule
+from .config import SolverConfig
 
-__all__ = ["FIRST", "STRIP_OVER", "STRIP_REACH", "TOP", "repair", "stripped"]
-
-#: after the first step, a step simulates the changes that did best in the one before, this
-#: many, and the new ones (on the 2,000-node synthetic DAG a simulation takes about 4 ms)
-TOP = 24
-
-#: the first step tries this many times `TOP` changes, in the order of a prior: the forward
-#: time of the node a change replays (or stops caching) per byte that node allocates
-FIRST = 4
-
-#: a schedule over the budget by more than this share of it is repaired from its regions
-#: without their save sets, which then go back in a node at a time (see the module
-#: docstring). On the 2,000-node synthetic DAG, `relax`'s rounded schedules break 90% and 70%
-#: of its peak by 0.2 to 0.8%, which the steps close (34.03 and 168.1 ms; this way 34.30 and
-#: 169.8); at 50% they break it by 11 to 13%, and from 384 ms the steps found nothing in
-#: 6 s, where this way took 5.6 s to 509 ms (cpsat, given 10 s: 790 to 803 ms)
-STRIP_OVER = 0.02
-
-#: `relax` repairs, of the solutions its relaxation gave, the last whose schedule without its
-#: save sets breaks the budget by at most this share of it, when the last one breaks it by
-#: more than `STRIP_OVER` (on the DAG at 50%, from 1.8% over the steps took 3.6 s)
-STRIP_REACH = 0.03
+__all__ = ["repair", "stripped"]
 
 _Span = tuple[int, int, str, frozenset]  # (start, stop, policy, save set), node positions
 _Key = tuple[str, str]  # a change: (kind, the node it names)
 
 
-def repair(graph: CostGraph, schedule: Schedule, budget_bytes: int, time_limit_s: float
-           ) -> Schedule | None:
+def repair(graph: CostGraph, schedule: Schedule, budget_bytes: int, time_limit_s: float, *,
+           config: SolverConfig | None = None) -> Schedule | None:
     """A schedule near ``schedule`` whose simulated peak fits ``budget_bytes``, found within
     about ``time_limit_s`` (see the module docstring), or None."""
+    config = config or SolverConfig()
     deadline = time.perf_counter() + time_limit_s
     at = {x: i for i, x in enumerate(graph.compute_nodes)}
     spans: list[_Span] = [(at[r.nodes[0]], at[r.nodes[-1]] + 1, r.policy, frozenset(r.save))
                           for r in schedule.regions]
     peak, rec = _simulate(graph, spans)
     fixed = None
-    if peak <= budget_bytes * (1 + STRIP_OVER):
-        fixed = _steps(graph, spans, peak, rec, budget_bytes, deadline)
+    if peak <= budget_bytes * (1 + config.strip_over):
+        fixed = _steps(graph, spans, peak, rec, budget_bytes, deadline, config)
     if fixed is None and peak > budget_bytes and time.perf_counter() < deadline:
-        fixed = _stripped(graph, spans, at, budget_bytes, deadline)
+        fixed = _stripped(graph, spans, at, budget_bytes, deadline, config)
     if fixed is None:
         return None
     return Schedule.from_regions(graph, fixed[0], meta=dict(schedule.meta))
@@ -88,7 +70,7 @@ def stripped(schedule: Schedule) -> Schedule:
 
 
 def _steps(graph: CostGraph, spans: list[_Span], peak: int, rec: float, budget_bytes: int,
-           deadline: float) -> tuple[list[_Span], float] | None:
+           deadline: float, config: SolverConfig) -> tuple[list[_Span], float] | None:
     """The changes a step at a time (see the module docstring) from ``spans`` (simulated:
     ``peak`` bytes, ``rec`` seconds of recompute) until they fit: (spans, their recompute
     seconds), or None."""
@@ -104,7 +86,8 @@ def _steps(graph: CostGraph, spans: list[_Span], peak: int, rec: float, budget_b
         moves = dict(_moves(graph, spans))
         known = sorted((k for k in moves if k in scores), key=scores.__getitem__)
         fresh = sorted((k for k in moves if k not in seen), key=prior.__getitem__)
-        tried = fresh[:FIRST * TOP] if not seen else fresh + known[:TOP]
+        top = config.repair_top
+        tried = fresh[:config.repair_first * top] if not seen else fresh + known[:top]
         seen.update(moves)
         best: tuple[tuple[bool, float], list[_Span], int, float] | None = None
         for key in tried:
@@ -125,12 +108,12 @@ def _steps(graph: CostGraph, spans: list[_Span], peak: int, rec: float, budget_b
 
 
 def _stripped(graph: CostGraph, spans: list[_Span], at: dict[str, int], budget_bytes: int,
-              deadline: float) -> tuple[list[_Span], float] | None:
+              deadline: float, config: SolverConfig) -> tuple[list[_Span], float] | None:
     """``spans`` without save sets, repaired by `_steps`, and then their save-set nodes back
     in (``at``: node positions) where they keep it fitting and lower its recompute time (see
     the module docstring): (spans, their recompute seconds), or None."""
     bare = [(a, b, p, frozenset()) for a, b, p, _ in spans]
-    got = _steps(graph, bare, *_simulate(graph, bare), budget_bytes, deadline)
+    got = _steps(graph, bare, *_simulate(graph, bare), budget_bytes, deadline, config)
     if got is None:
         return None
     fixed, rec = got

@@ -21,6 +21,7 @@ from ..ir.graph import CostGraph
 from ..ir.schedule import Schedule
 from ..solvers.auto import BASELINES as _AUTO_BASELINES
 from ..solvers.base import INFEASIBLE, get_solver
+from ..solvers.certify import solve_and_certify
 from ..units import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,7 +105,7 @@ def bench(graphs: Sequence[tuple[str, CostGraph]], *, budgets: Sequence[Any] = B
                 for s in solvers:
                     step(f"{name} at {budget}: {s}")
                     t0 = time.perf_counter()
-                    r = get_solver(s)(graph, budget_bytes, time_limit_s=time_limit_s)
+                    r = solve_and_certify(graph, budget_bytes, s, time_limit_s=time_limit_s)
                     dt = time.perf_counter() - t0
                     e = r.estimate
                     here.append(BenchRow(

@@ -31,6 +31,7 @@ from ..plan import solve_graph
 from ..rewrite import rewrite
 from ..solvers.auto import BASELINES
 from ..solvers.base import INFEASIBLE, SolveResult, get_solver
+from ..solvers.certify import solve_and_certify
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -233,7 +234,8 @@ def compare(model: nn.Module, example_inputs: Sequence[Any], *,
             results = {}
             for s in strategies:
                 step(f"solving {s} at {budget}")
-                results[s] = get_solver(s)(graph, budget_bytes, time_limit_s=time_limit_s)
+                results[s] = solve_and_certify(graph, budget_bytes, s,
+                                               time_limit_s=time_limit_s)
                 step(advance=1)
             _check_feasible(graph, budget_bytes, results, time_limit_s)
             solved += [(str(budget), budget_bytes, s, r) for s, r in results.items()]

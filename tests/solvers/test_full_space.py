@@ -23,6 +23,8 @@ from scheduler.ir.schedule import KEEP, RECOMPUTE, Schedule
 from scheduler.solvers import FEASIBLE, INFEASIBLE, OPTIMAL, get_solver
 from scheduler.solvers.bound import full_space_bound
 from scheduler.solvers.brute import brute_force
+from scheduler.solvers.certify import certify
+from scheduler.solvers.relaxation import Relaxation
 from scheduler.testing.synthetic import random_graph
 
 GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
@@ -135,8 +137,8 @@ def test_bound_is_below_a_region_whose_last_saver_stops_the_replay() -> None:
 
 
 def test_optimal_claims_hold_over_the_full_space() -> None:
-    """Whatever solver says OPTIMAL has the brute-force optimum of the full space; every
-    fitting result's bound and gap are against that space."""
+    """Whatever solver says OPTIMAL, once certified, has the brute-force optimum of the full
+    space; every fitting result's bound and gap are against that space."""
     claims = 0
     for seed in range(24):
         g = _small(seed)
@@ -144,7 +146,7 @@ def test_optimal_claims_hold_over_the_full_space() -> None:
         for budget in _budgets(space):
             opt = min((t for p, t in space if p <= budget), default=None)
             for solver in ("dp", "cpsat", "cpsat_fine", "brute", "relax", "auto"):
-                r = get_solver(solver)(g, budget, time_limit_s=10.0)
+                r = certify(g, get_solver(solver)(g, budget, time_limit_s=10.0))
                 if r.status == INFEASIBLE:
                     continue
                 assert opt is not None
@@ -174,10 +176,13 @@ def test_brute_force_over_the_full_space_is_optimal_as_it_stands() -> None:
 def test_space_optimum_below_the_full_space_is_feasible_with_its_gap() -> None:
     """On GPT at 70%, dp's optimum over chain cuts is not the full space's: a schedule that
     `cpsat_fine` found (recorded in tests/data) fits with less recompute. dp says so:
-    FEASIBLE, space_optimal, and a gap against the full-space bound that leaves room for it."""
+    FEASIBLE, space_optimal, and, certified, a gap against the full-space bound that leaves
+    room for it."""
     g = CostGraph.load(GRAPHS / "gpt.json")
     budget = int(0.7 * simulate(g, Schedule.none(g)).peak_bytes)
-    got = get_solver("dp")(g, budget)
+    raw = get_solver("dp")(g, budget)
+    assert raw.status == FEASIBLE and raw.lower_bound_s is None and not raw.certified
+    got = certify(g, raw)
     assert got.space_optimal and got.status == FEASIBLE
     assert got.space_bound_s == pytest.approx(got.estimate.recompute_s)
     assert got.schedule.meta["space_optimal"] is True and got.schedule.status == FEASIBLE
@@ -189,20 +194,6 @@ def test_space_optimum_below_the_full_space_is_feasible_with_its_gap() -> None:
     assert est.recompute_s >= got.lower_bound_s
     assert got.gap == pytest.approx((got.estimate.recompute_s - got.lower_bound_s)
                                     / got.estimate.recompute_s)
-
-
-def test_bound_is_remembered_per_graph_and_budget(monkeypatch: Any) -> None:
-    from scheduler.solvers import bound as mod
-
-    g = _small(7)
-    calls = []
-    real = mod._solve
-    monkeypatch.setattr(mod, "_solve", lambda *a: calls.append(a[1]) or real(*a))
-    budget = g.measured_peak_bytes
-    a = full_space_bound(g, budget)
-    assert full_space_bound(g, budget) == a and calls == [budget]
-    full_space_bound(g, budget - 1)
-    assert calls == [budget, budget - 1]
 
 
 def test_infeasible_budget_error_says_whether_the_full_space_is_ruled_out() -> None:
@@ -225,17 +216,17 @@ def test_infeasible_budget_error_says_whether_the_full_space_is_ruled_out() -> N
 
 
 def test_a_bound_above_a_fitting_schedule_is_dropped_with_a_warning(monkeypatch: Any) -> None:
-    """A bound above a schedule that fits would be a bug in the relaxation: the result then
-    carries no bound and is not OPTIMAL, and a `BoundWarning` says so (an error in this
-    suite, by pyproject's filterwarnings)."""
-    from scheduler.solvers import bound as mod
+    """A bound above a schedule that fits would be a bug in the relaxation: the certified
+    result then carries no bound and is not OPTIMAL, and a `BoundWarning` says so (an error
+    in this suite, by pyproject's filterwarnings)."""
+    from scheduler.solvers import certify as mod
     from scheduler.solvers.bound import BoundWarning
 
     g = _small(3)
     budget = g.measured_peak_bytes
-    monkeypatch.setattr(mod, "full_space_bound", lambda graph, b: 1.0)
+    monkeypatch.setattr(mod, "full_space_bound", lambda graph, b, **kw: 1.0)
     with pytest.warns(BoundWarning, match="relaxation is wrong"):
-        r = get_solver("dp")(g, budget)
+        r = mod.certify(g, get_solver("dp")(g, budget))
     assert r.status == FEASIBLE and r.space_optimal
     assert r.lower_bound_s is None and r.gap is None
 
@@ -243,21 +234,20 @@ def test_a_bound_above_a_fitting_schedule_is_dropped_with_a_warning(monkeypatch:
 def test_forward_copies_between_their_savers_raise_the_bound(monkeypatch: pytest.MonkeyPatch
                                                              ) -> None:
     """A storage one saver needed early in backward and another needs later stays alive
-    between them unless a replay remakes it for the later ones (`Relaxation._forward_copy`).
+    between them unless a replay remakes it for the later ones
+    (`MemoryConstraints._forward_copy`).
     On this small DAG the bound with those terms stays at or below the brute-force optimum
     at every budget, and is above the bound without them at some (29% above it, at the
     optimum, at one)."""
-    from scheduler.solvers import bound as mod
-
     g = _small(3)
     space = _full_space(g)
     raised = 0
     for budget in _budgets(space):
         optimum = min((t for p, t in space if p <= budget), default=math.inf)
-        with_copies, _ = mod.Relaxation(g, budget, lean=False).solve(30.0)
+        with_copies, _ = Relaxation(g, budget, lean=False).solve(30.0)
         with monkeypatch.context() as m:
-            m.setattr(mod.Relaxation, "_forward_copy", lambda self, sid, k: None)
-            without, _ = mod.Relaxation(g, budget, lean=False).solve(30.0)
+            m.setattr(Relaxation, "_forward_copy", lambda self, sid, k: None)
+            without, _ = Relaxation(g, budget, lean=False).solve(30.0)
         assert without <= with_copies <= optimum * (1 + 1e-9), budget
         raised += with_copies > without * (1 + 1e-6)
     assert raised >= 2

@@ -19,8 +19,11 @@ from test_full_space import _budgets, _full_space, _small
 from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import CostGraph
 from scheduler.ir.schedule import KEEP, RECOMPUTE, Schedule
-from scheduler.solvers import FEASIBLE, INFEASIBLE, OPTIMAL, get_solver
-from scheduler.solvers.bound import Relaxation, full_space_bound, relax_and_round
+from scheduler.solvers import FEASIBLE, INFEASIBLE, OPTIMAL, SolverConfig, get_solver
+from scheduler.solvers.bound import full_space_bound
+from scheduler.solvers.certify import certify
+from scheduler.solvers.relax import relax_and_round
+from scheduler.solvers.relaxation import Relaxation
 
 GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
 
@@ -60,15 +63,16 @@ def test_relax_claims_hold_against_brute_force_over_the_full_space() -> None:
 def test_relax_proves_its_schedule_optimal_on_recorded_graphs(name: str, share: float) -> None:
     """Solved to the end (no time limit), relax proves its schedule optimal over the full
     space; no exact solver's optimum over its own space and no baseline that fits does
-    better, and the schedule fits the budget by the simulator."""
+    better (certified against relax's bound, only one as fast is OPTIMAL), and the schedule
+    fits the budget by the simulator."""
     g = CostGraph.load(GRAPHS / f"{name}.json")
     budget = _budget(g, share)
     r = get_solver("relax")(g, budget)
     assert r.status == OPTIMAL and r.gap == 0.0
     assert r.estimate == simulate(g, r.schedule) and r.estimate.peak_bytes <= budget
-    assert full_space_bound(g, budget) == r.lower_bound_s  # remembered for the others
     for other in ("dp", "cpsat", "every_block", "sqrt", "uniform:2", "greedy", "knapsack"):
-        o = get_solver(other)(g, budget, time_limit_s=10.0)
+        o = certify(g, get_solver(other)(g, budget, time_limit_s=10.0), time_limit_s=0.0,
+                    bound_s=r.lower_bound_s)
         if o.status != INFEASIBLE:
             assert o.estimate.recompute_s >= r.estimate.recompute_s * (1 - 1e-9), other
             assert o.status == FEASIBLE or o.estimate.recompute_s == pytest.approx(
@@ -156,42 +160,6 @@ def test_lean_relaxation_is_weaker_and_still_below_the_optimum() -> None:
     assert lean <= full.bound * (1 + 1e-9)
 
 
-def _linear_terms(rel: Relaxation) -> int:
-    return sum(len(c.linear.vars) for c in rel.m.Proto().constraints
-               if c.has_linear() and len(c.linear.vars) > 1)
-
-
-def test_chained_memory_constraints_are_the_same_relaxation(monkeypatch: pytest.MonkeyPatch
-                                                             ) -> None:
-    """A lean relaxation's memory constraints as sums that build on each other
-    (`bound.CHAINED`) have the same optimum as each on its own, on small graphs at every budget
-    brute force tells apart and on a recorded graph with the constraints a rounded schedule
-    broke added, in fewer terms."""
-    import scheduler.solvers.bound as bound
-
-    def optimum(g: CostGraph, budget: int, chained: bool, add: list = ()) -> tuple[float, int]:
-        monkeypatch.setattr(bound, "CHAINED", chained)
-        rel = Relaxation(g, budget, lean=True)
-        rel.add(list(add))
-        lb, proven = rel.solve(30.0)
-        assert proven
-        return lb, _linear_terms(rel)
-
-    checked = 0
-    for seed in range(8):
-        g = _small(seed)
-        for budget in _budgets(_full_space(g)):
-            assert optimum(g, budget, True)[0] == optimum(g, budget, False)[0], (seed, budget)
-            checked += 1
-    assert checked >= 30
-    g = CostGraph.load(GRAPHS / "gpt.json")
-    budget = _budget(g, 0.6)
-    broken = Relaxation(g, budget).violated(simulate(g, Schedule.none(g)))
-    (chained, n_chained), (alone, n_alone) = (optimum(g, budget, c, broken) for c in (True, False))
-    assert chained == alone > 0.0
-    assert n_chained < 0.8 * n_alone, (n_chained, n_alone)
-
-
 def test_solve_s_checks_stop_cp_sat_only_when_one_says_so() -> None:
     """`Relaxation.solve`'s ``checks`` (how `relax_and_round` stops a first solve whose
     schedules break the budget): each asked once, at its time; when one says stop, CP-SAT
@@ -217,36 +185,23 @@ def test_auto_returns_relax_s_optimum_at_once() -> None:
     assert r.status == OPTIMAL and r.solver == "relax" and r.schedule.solver == "relax"
 
 
-def test_rebound_judges_a_result_against_a_better_bound_found_later() -> None:
-    from scheduler.solvers.base import rebound
-    from scheduler.solvers.bound import remember_bound
-
+def test_certify_judges_a_result_against_a_bound_it_is_given() -> None:
+    """With no time to solve a bound, `certify` judges a result by the bound it is given
+    (`auto` gives relax's): FEASIBLE with the gap to one below its recompute time, OPTIMAL
+    at it, in the result and in its schedule's stamp; given none, it has no bound."""
     g = CostGraph.load(GRAPHS / "unet.json")
     budget = _budget(g, 0.9)
     r = get_solver("cpsat")(g, budget, time_limit_s=10.0)
     t = r.estimate.recompute_s
-    assert r.status == FEASIBLE and rebound(g, r) == r  # nothing better remembered
-    remember_bound(g, budget, r.lower_bound_s + (t - r.lower_bound_s) / 2)
-    half = rebound(g, r)
-    assert half.status == FEASIBLE and half.lower_bound_s > r.lower_bound_s
-    assert half.gap == pytest.approx((t - half.lower_bound_s) / t) == half.schedule.gap
-    remember_bound(g, budget, t)
-    full = rebound(g, r)
+    assert r.status == FEASIBLE and r.lower_bound_s is None and r.certifiable
+    none = certify(g, r, time_limit_s=0.0)
+    assert none.status == FEASIBLE and none.lower_bound_s is None and none.gap is None
+    assert none.certified and certify(g, none, bound_s=t) == none  # (certified already)
+    half = certify(g, r, time_limit_s=0.0, bound_s=t / 2)
+    assert half.status == FEASIBLE == half.schedule.status and half.lower_bound_s == t / 2
+    assert half.gap == pytest.approx(0.5) == half.schedule.gap
+    full = certify(g, r, time_limit_s=0.0, bound_s=t)
     assert full.status == OPTIMAL == full.schedule.status and full.gap == 0.0
-
-
-def test_far_reads_counts_reads_beyond_the_link_span() -> None:
-    from scheduler.solvers.auto import FAR_READS
-    from scheduler.solvers.bound import far_reads
-    from scheduler.testing.synthetic import large_dag, random_graph
-
-    assert far_reads(random_graph(200, kind="chain", seed=1)) == 0.0  # (reads the previous)
-    # the 12-layer model: 12 of its 680 reads (counted by a separate script before this
-    # function was written: reads more than 64 compute nodes after their producer)
-    assert far_reads(CostGraph.load(GRAPHS / "hf_gpt2_12l.json")) == pytest.approx(12 / 680)
-    assert far_reads(large_dag(2000)) > 0.2 > FAR_READS  # skips start anywhere earlier
-    for name in ("gpt", "mlp", "unet", "hf_gpt2"):
-        assert far_reads(CostGraph.load(GRAPHS / f"{name}.json")) < FAR_READS
 
 
 def test_lean_relaxation_s_later_constraints_hold_everything() -> None:
@@ -263,35 +218,6 @@ def test_lean_relaxation_s_later_constraints_hold_everything() -> None:
     later = sorted(b for b, _ in lean._held(k))
     assert later == sorted(b for b, _ in full._held(k))
     assert len(up_front) < len(later)  # (the U-Net has cached outputs to hold there)
-
-
-def test_auto_on_a_graph_that_reads_far_runs_relax_last(monkeypatch: pytest.MonkeyPatch
-                                                         ) -> None:
-    """Where many reads reach beyond the link span, relax runs after the others, with what
-    they leave."""
-    from scheduler.solvers import auto as mod
-    from scheduler.solvers.bound import far_reads, remembered_bound
-    from scheduler.testing.synthetic import random_graph
-
-    g = random_graph(320, kind="dag", seed=3)
-    assert far_reads(g) > mod.FAR_READS
-    budget = _budget(g, 0.8)
-    calls: list[str] = []
-    real = mod.get_solver
-
-    def spy(name: str):  # (cpsat and cpsat_fine get a second each: time is left for relax)
-        calls.append(name)
-        fn = real(name)
-        if name in ("cpsat", "cpsat_fine"):
-            return lambda graph, budget, *, time_limit_s=None, **kw: fn(
-                graph, budget, time_limit_s=1.0, **kw)
-        return fn
-
-    monkeypatch.setattr(mod, "get_solver", spy)
-    r = mod.auto(g, budget, time_limit_s=mod.LATE_SPLIT_S - 1.0)  # (below the split)
-    assert calls.index("relax") > calls.index("cpsat_fine") > calls.index("cpsat")
-    assert r.status != INFEASIBLE and r.estimate.peak_bytes <= budget
-    assert r.lower_bound_s == remembered_bound(g, budget)
 
 
 def _feasible(rel: Relaxation, fixed: list[tuple[object, int]]) -> bool:
@@ -356,35 +282,6 @@ def test_tighten_takes_room_from_the_constraint_it_builds_again() -> None:
     assert rel.tighten([(0, ("nowhere", 0))]) == 0
 
 
-def test_auto_with_time_enough_on_a_far_reading_graph_gives_relax_most_of_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a limit of `LATE_SPLIT_S` or more, cpsat gets its short share first, cpsat_fine
-    nothing, and relax the rest."""
-    from scheduler.solvers import auto as mod
-    from scheduler.testing.synthetic import random_graph
-
-    g = random_graph(320, kind="dag", seed=3)
-    budget = _budget(g, 0.8)
-    limits: dict[str, float | None] = {}
-    real = mod.get_solver
-
-    def spy(name: str):  # (each runs a second at most: what matters is what it was given)
-        fn = real(name)
-        if name in ("cpsat", "cpsat_fine", "relax"):
-            def run(graph, budget, *, time_limit_s=None, **kw):
-                limits[name] = time_limit_s
-                return fn(graph, budget, time_limit_s=1.0, **kw)
-            return run
-        return fn
-
-    monkeypatch.setattr(mod, "get_solver", spy)
-    r = mod.auto(g, budget, time_limit_s=mod.LATE_SPLIT_S)
-    assert list(limits) == ["cpsat", "relax"]
-    assert limits["cpsat"] == pytest.approx(mod.LATE_CPSAT_SHARE * mod.LATE_SPLIT_S)
-    assert limits["relax"] > (1 - mod.LATE_CPSAT_SHARE) * mod.LATE_SPLIT_S - 3.0
-    assert r.status != INFEASIBLE and r.estimate.peak_bytes <= budget
-
-
 def test_repair_makes_a_schedule_fit_by_the_simulator() -> None:
     """`repair` takes relax's optimum at 70% of the U-Net's peak to a budget 1% lower, where
     it does not fit: what it returns fits by the simulator; a schedule that fits comes back
@@ -423,7 +320,7 @@ def test_repair_far_over_the_budget_starts_without_save_sets() -> None:
     cached = {x for r in s.regions for x in r.save}
     assert cached  # (relax's schedule here has save sets: what the test is about)
     est = simulate(g, s)
-    lower = int(est.peak_bytes / (1 + 3 * mod.STRIP_OVER))
+    lower = int(est.peak_bytes / (1 + 3 * SolverConfig().strip_over))
     bare = mod.stripped(s)
     assert all(not r.save for r in bare.regions)
     assert [r.nodes for r in bare.regions] == [r.nodes for r in s.regions]
@@ -438,25 +335,26 @@ def test_repair_far_over_the_budget_starts_without_save_sets() -> None:
 
 def test_relax_repairs_the_last_solution_within_reach_without_save_sets(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """When the last solution's schedule breaks the budget by more than `STRIP_OVER`,
+    """When the last solution's schedule breaks the budget by more than `strip_over`,
     `relax_and_round` repairs the last one whose schedule without save sets is within
-    `STRIP_REACH`, and its first solve's `STRIP_SHARE` check says stop. Here CP-SAT's
+    `strip_reach`, and its first solve's `strip_share` check says stop. Here CP-SAT's
     solutions are given: a schedule 2.5% over (1.1% under without save sets), then the
     unscheduled step (about 40% over either way)."""
-    from scheduler.solvers import bound as mod
+    from scheduler.solvers import relax as mod
     from scheduler.solvers import repair as rep
 
+    config = SolverConfig()
     g, near = _with_save_sets()
-    budget = int(simulate(g, near).peak_bytes / (1 + 1.25 * rep.STRIP_OVER))
-    assert simulate(g, rep.stripped(near)).peak_bytes <= (1 + rep.STRIP_REACH) * budget
+    budget = int(simulate(g, near).peak_bytes / (1 + 1.25 * config.strip_over))
+    assert simulate(g, rep.stripped(near)).peak_bytes <= (1 + config.strip_reach) * budget
     far = Schedule.none(g)
-    assert simulate(g, rep.stripped(far)).peak_bytes > (1 + rep.STRIP_REACH) * budget
+    assert simulate(g, rep.stripped(far)).peak_bytes > (1 + config.strip_reach) * budget
     said: list[list[bool]] = []
 
     def solve(self, limit, on_solution=None, stop=None, checks=()):
         if not said:  # (the first solve: two solutions, then its checks)
             for sched in (near, far):
-                monkeypatch.setattr(mod.Relaxation, "schedule", lambda self, v, s=sched: s)
+                monkeypatch.setattr(Relaxation, "schedule", lambda self, v, s=sched: s)
                 on_solution(None)
             said.append([says() for _, says in sorted(checks, key=lambda c: c[0])])
         return 1e-9, False
@@ -464,14 +362,14 @@ def test_relax_repairs_the_last_solution_within_reach_without_save_sets(
     repaired: list[Schedule] = []
     real = rep.repair
 
-    def spy(graph, schedule, budget_bytes, time_limit_s):
+    def spy(graph, schedule, budget_bytes, time_limit_s, **kw):
         repaired.append(schedule)
-        return real(graph, schedule, budget_bytes, time_limit_s)
+        return real(graph, schedule, budget_bytes, time_limit_s, **kw)
 
-    monkeypatch.setattr(mod.Relaxation, "solve", solve)
-    monkeypatch.setattr(rep, "repair", spy)
+    monkeypatch.setattr(Relaxation, "solve", solve)
+    monkeypatch.setattr(mod, "repair", spy)  # (what relax_and_round calls)
     got = mod.relax_and_round(g, budget, 30.0)
-    assert said == [[True, True]]  # (STRIP_SHARE's check, then FIRST_SHARE's)
+    assert said == [[True, True]]  # (strip_share's check, then first_share's)
     assert repaired[0] is near
     assert got.schedule is not None and simulate(g, got.schedule).peak_bytes <= budget
 
@@ -494,25 +392,25 @@ def test_relax_on_the_large_dag_fits_and_beats_cpsat() -> None:
 
 def test_a_lean_relaxation_takes_in_the_most_broken_constraint_first(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """After its first solve, a lean relaxation takes in `LEAN_ADD` of the left-out memory
-    constraints its rounded schedule broke (no replay-burst one), then up to `MAX_STEPS` a
+    """After its first solve, a lean relaxation takes in `lean_add` of the left-out memory
+    constraints its rounded schedule broke (no replay-burst one), then up to `max_steps` a
     solve; what it answers fits, above its bound."""
-    from scheduler.solvers import bound as mod
     from scheduler.testing.synthetic import random_graph
 
+    config = SolverConfig()
     g = random_graph(320, kind="dag", seed=3)  # (lean; its first schedule breaks the budget)
     budget = _budget(g, 0.9)
     added: list[list[tuple[str, int]]] = []
-    real = mod.Relaxation.add
+    real = Relaxation.add
 
     def spy(self, labels):
         added.append(list(labels))
         return real(self, labels)
 
-    monkeypatch.setattr(mod.Relaxation, "add", spy)
+    monkeypatch.setattr(Relaxation, "add", spy)
     got = relax_and_round(g, budget, 4.0)
     later = added[2:]  # (the first two: the forward and backward ones made up front)
-    assert later and len(later[0]) == mod.LEAN_ADD and later[0][0][0] != "burst"
-    assert all(len(labels) <= mod.MAX_STEPS for labels in later)
+    assert later and len(later[0]) == config.lean_add and later[0][0][0] != "burst"
+    assert all(len(labels) <= config.max_steps for labels in later)
     est = simulate(g, got.schedule)
     assert est.peak_bytes <= budget and got.bound <= est.recompute_s == got.recompute_s

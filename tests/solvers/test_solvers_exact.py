@@ -21,7 +21,9 @@ from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import CostGraph
 from scheduler.ir.schedule import Schedule
 from scheduler.solvers import FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult
+from scheduler.solvers.bound import full_space_bound
 from scheduler.solvers.brute import brute_force
+from scheduler.solvers.certify import certify
 from scheduler.solvers.config import SolverConfig
 from scheduler.solvers.dp import dp, save_candidates, table_for
 from scheduler.testing.synthetic import random_graph
@@ -298,7 +300,8 @@ def test_brute_solver_is_registered() -> None:
 
     g = random_graph(5, seed=3)
     r = get_solver("brute")(g, g.measured_peak_bytes)
-    assert r.status == OPTIMAL and r.estimate.recompute_s == 0.0
+    assert r.space_optimal and r.estimate.recompute_s == 0.0
+    assert certify(g, r).status == OPTIMAL
     r = get_solver("brute")(g, 0)
     assert r.status == INFEASIBLE and r.schedule is None
     assert r.min_feasible_bytes == brute_force(g, 0, points=list(range(6))).min_feasible_bytes
@@ -343,8 +346,8 @@ def test_cpsat_units_cut_inside_blocks_where_as_cheap_as_between_them() -> None:
 def test_cpsat_out_of_time_answers_the_better_of_its_find_and_the_warm_start(
         monkeypatch: Any) -> None:
     """When CP-SAT runs out of time with a fitting schedule worse than the warm start, cpsat
-    answers with the warm start (FEASIBLE), its bound over the space lowered to the warm
-    start's time."""
+    answers with the warm start (FEASIBLE), its bound lowered to the warm start's time;
+    certified, its gap is to the full-space bound."""
     from scheduler.solvers import cpsat as mod
     from scheduler.solvers import get_solver
 
@@ -359,6 +362,10 @@ def test_cpsat_out_of_time_answers_the_better_of_its_find_and_the_warm_start(
     got = mod.cpsat(g, budget, time_limit_s=1.0)
     assert got.status == FEASIBLE and got.estimate == simulate(g, warm)
     assert got.space_bound_s == warm_s and not got.space_optimal
+    assert got.lower_bound_s is None and got.gap is None
+    full = full_space_bound(g, budget, time_limit_s=30.0)  # (proven: the relaxation's optimum)
+    got = certify(g, got, config=SolverConfig(bound_s=30.0))
+    assert got.lower_bound_s == full and got.gap == pytest.approx((warm_s - full) / warm_s)
 
 
 def test_cpsat_incumbents_keep_the_best_schedule_that_fits() -> None:

@@ -1,5 +1,5 @@
 """Solvers keep to ``time_limit_s``: what runs after a search (the full-space bound a result
-is judged against, the simulations of its schedules) comes out of the limit, not after it.
+is certified against, the simulations of its schedules) comes out of the limit, not after it.
 
 These check what each search is given, not wall times (which the benchmark prints:
 ``benchmarks/solvers.py`` reports the longest solve against the limit).
@@ -15,39 +15,43 @@ import pytest
 from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import CostGraph
 from scheduler.ir.schedule import Schedule
-from scheduler.solvers import FEASIBLE, INFEASIBLE, get_solver
+from scheduler.solvers import FEASIBLE, INFEASIBLE, SolverConfig, get_solver
 from scheduler.solvers.base import finish
-from scheduler.solvers.bound import remembered_bound
-from scheduler.solvers.config import SolverConfig
+from scheduler.solvers.bound import full_space_bound
+from scheduler.solvers.certify import certify
+from scheduler.solvers.relax import relax_and_round
+from scheduler.solvers.relaxation import Relaxation
 
 GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
 
 
 def _graph_and_budget(name: str, share: float) -> tuple[CostGraph, int]:
-    g = CostGraph.load(GRAPHS / f"{name}.json")  # (a fresh load remembers no bound)
+    g = CostGraph.load(GRAPHS / f"{name}.json")
     return g, int(share * simulate(g, Schedule.none(g)).peak_bytes)
 
 
-def test_finish_solves_no_bound_past_its_deadline_and_uses_one_remembered() -> None:
+def test_certify_solves_no_bound_without_time_and_remembers_none() -> None:
+    """Given no time, `certify` solves no bound; given time, it does; given none again after
+    that, it has none: nothing is remembered between calls."""
     g, budget = _graph_and_budget("gpt", 0.7)
     sched = get_solver("every_block")(g, budget).schedule
     t = simulate(g, sched).recompute_s
-    late = finish(g, budget, sched, solver="x", started=time.perf_counter(), status=FEASIBLE,
-                  deadline=time.perf_counter())
+    found = finish(g, budget, sched, solver="x", started=time.perf_counter(), status=FEASIBLE)
+    assert found.lower_bound_s is None and found.certifiable and not found.certified
+    late = certify(g, found, time_limit_s=0.0)
     assert late.status == FEASIBLE and late.lower_bound_s is None and late.gap is None
-    assert remembered_bound(g, budget) is None  # (it did not solve one)
-    timely = finish(g, budget, sched, solver="x", started=time.perf_counter(), status=FEASIBLE)
+    timely = certify(g, found, config=SolverConfig(bound_s=30.0))  # (time enough, even on
+    # a loaded machine, to build the relaxation)
     assert 0.0 < timely.lower_bound_s < t and timely.gap == pytest.approx(
-        (t - timely.lower_bound_s) / t)
-    again = finish(g, budget, sched, solver="x", started=time.perf_counter(), status=FEASIBLE,
-                   deadline=time.perf_counter())
-    assert again.lower_bound_s == timely.lower_bound_s == remembered_bound(g, budget)
+        (t - timely.lower_bound_s) / t) == timely.schedule.gap
+    again = certify(g, found, time_limit_s=0.0)
+    assert again.lower_bound_s is None and again.gap is None and again.status == FEASIBLE
 
 
 @pytest.mark.parametrize("name", ["cpsat", "cpsat_fine"])
 def test_cpsat_ends_its_search_in_time_to_certify(name: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """The search stops ``cpsat_bound_share`` of the limit (at most ``cpsat_bound_reserve_s``)
+    """The search stops ``cpsat_bound_share`` of the limit (at most ``SolverConfig.bound_s``)
     before it, so that certifying the answer fits within it; the same on a second solve of the
     same graph (no state kept between solves). (`cpsat_fine` is given a schedule to start
     from, so that it runs no `cpsat` first.)"""
@@ -64,8 +68,8 @@ def test_cpsat_ends_its_search_in_time_to_certify(name: str,
     g, budget = _graph_and_budget("unet", 0.7)
     kw = {"warm": get_solver("every_block")(g, budget).schedule} if name == "cpsat_fine" else {}
     limit = 3.0
-    for config in (SolverConfig(), SolverConfig(), SolverConfig(cpsat_bound_reserve_s=0.1)):
-        reserve = min(config.cpsat_bound_reserve_s, config.cpsat_bound_share * limit)
+    for config in (SolverConfig(), SolverConfig(), SolverConfig(bound_s=0.1)):
+        reserve = min(config.bound_s, config.cpsat_bound_share * limit)
         searches.clear()
         before = time.perf_counter()
         r = get_solver(name)(g, budget, time_limit_s=limit, config=config, **kw)
@@ -78,20 +82,18 @@ def test_cpsat_ends_its_search_in_time_to_certify(name: str,
 def test_relax_solves_leave_time_for_their_schedules(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each of `relax_and_round`'s solves ends before the limit: what follows it (simulating
     the schedules it found, `repair`, the baselines relax compares with) gets the rest."""
-    from scheduler.solvers import bound as mod
-
     solves: list[tuple[float, float]] = []
-    real = mod.Relaxation.solve
+    real = Relaxation.solve
 
     def spy(self, limit, **kw):
         solves.append((time.perf_counter(), limit))
         return real(self, limit, **kw)
 
-    monkeypatch.setattr(mod.Relaxation, "solve", spy)
+    monkeypatch.setattr(Relaxation, "solve", spy)
     g, budget = _graph_and_budget("gpt", 0.5)
     limit = 2.0
     started = time.perf_counter()
-    mod.relax_and_round(g, budget, limit)
+    relax_and_round(g, budget, limit)
     assert solves
     for at, given in solves:
         assert 0.0 < given and at + given < started + limit
@@ -99,7 +101,7 @@ def test_relax_solves_leave_time_for_their_schedules(monkeypatch: pytest.MonkeyP
 
 def test_auto_starts_no_cpsat_with_too_little_time_left(monkeypatch: pytest.MonkeyPatch
                                                         ) -> None:
-    """When relax leaves less than `MIN_SOLVE_S` of the limit and a schedule fits, auto
+    """When relax leaves less than `min_solve_s` of the limit and a schedule fits, auto
     answers without starting cpsat or cpsat_fine; with nothing that fits, cpsat still runs."""
     from scheduler.solvers import auto as mod
 
@@ -115,16 +117,17 @@ def test_auto_starts_no_cpsat_with_too_little_time_left(monkeypatch: pytest.Monk
         if name != "relax":
             return fn
 
-        def slow_relax(graph, budget_bytes, *, time_limit_s=None):
-            r = fn(graph, budget_bytes, time_limit_s=time_limit_s)
+        def slow_relax(graph, budget_bytes, *, time_limit_s=None, **kw):
+            r = fn(graph, budget_bytes, time_limit_s=time_limit_s, **kw)
             # as if it had taken all but a little of the limit, without proving its schedule
             # (or, with ``fails``, finding one)
-            time.sleep(max(0.0, started + limit - mod.MIN_SOLVE_S / 2 - time.perf_counter()))
+            time.sleep(max(0.0, started + limit - min_solve_s / 2 - time.perf_counter()))
             return finish(graph, budget_bytes, None if fails else r.schedule, solver="relax",
                           started=started, status=INFEASIBLE if fails else FEASIBLE,
                           lower_bound_s=0.0, full_space=True)
         return slow_relax
 
+    min_solve_s = SolverConfig().min_solve_s
     monkeypatch.setattr(mod, "get_solver", spy)
     started = time.perf_counter()
     r = mod.auto(g, budget, time_limit_s=limit)
@@ -142,27 +145,14 @@ def test_auto_starts_no_cpsat_with_too_little_time_left(monkeypatch: pytest.Monk
     assert r.solver == "cpsat" and r.estimate.peak_bytes <= budget
 
 
-def test_a_bound_solved_in_less_time_is_solved_again_with_more() -> None:
-    """`full_space_bound` remembers the time each bound had: asked with more, it solves again
-    (and keeps the better); asked with less, or after `relax` remembered one, it does not."""
-    from scheduler.solvers.bound import (
-        full_space_bound,
-        relax_and_round,
-        remember_bound,
-    )
-
+def test_a_bound_remembers_nothing() -> None:
+    """`full_space_bound` with no time to build the relaxation finds no bound, before and
+    after one solved with time enough, and relax's own bound leaves it as it was."""
     g, budget = _graph_and_budget("gpt", 0.7)
     assert full_space_bound(g, budget, time_limit_s=0.01) == 0.0  # (no time to build it)
-    assert remembered_bound(g, budget) == 0.0
     timely = full_space_bound(g, budget)
-    assert full_space_bound(g, budget, time_limit_s=0.01) == timely  # (remembered)
-    g, budget = _graph_and_budget("gpt", 0.7)
     assert 0.0 < timely <= get_solver("relax")(g, budget).estimate.recompute_s
-    g, budget = _graph_and_budget("gpt", 0.7)
-    assert remember_bound(g, budget, 0.0) == 0.0 and remembered_bound(g, budget) is None
-    better = relax_and_round(g, budget, 30.0).bound
-    assert remember_bound(g, budget, better) == better >= timely
-    assert full_space_bound(g, budget, time_limit_s=60.0) == better  # (relax's: not again)
+    assert full_space_bound(g, budget, time_limit_s=0.01) == 0.0
 
 
 def test_cpsat_fine_alone_starts_from_cpsat_within_its_limit(monkeypatch: pytest.MonkeyPatch
@@ -199,13 +189,11 @@ def test_the_relaxation_stops_building_at_its_deadline(monkeypatch: pytest.Monke
     """A relaxation past its deadline stops building between its parts (on the 2,000-node DAG
     the build alone took half a second, so that a bound asked for with less overran the
     limit): `relax_and_round` then answers no bound and no schedule, and builds no more."""
-    from scheduler.solvers import bound as mod
-
     g, budget = _graph_and_budget("gpt", 0.7)
     with pytest.raises(TimeoutError, match="out of time"):
-        mod.Relaxation(g, budget, deadline=time.perf_counter())
+        Relaxation(g, budget, deadline=time.perf_counter())
     built: list[str] = []
-    real_regions, real_forward = mod.Relaxation._regions, mod.Relaxation._forward
+    real_regions, real_forward = Relaxation._regions, Relaxation._forward
 
     def slow_regions(self) -> None:  # (a build part that takes longer than the limit)
         built.append("regions")
@@ -216,10 +204,10 @@ def test_the_relaxation_stops_building_at_its_deadline(monkeypatch: pytest.Monke
         built.append("forward")
         real_forward(self)
 
-    monkeypatch.setattr(mod.Relaxation, "_regions", slow_regions)
-    monkeypatch.setattr(mod.Relaxation, "_forward", forward)
-    got = mod.relax_and_round(g, budget, 0.1)
+    monkeypatch.setattr(Relaxation, "_regions", slow_regions)
+    monkeypatch.setattr(Relaxation, "_forward", forward)
+    got = relax_and_round(g, budget, 0.1)
     assert (got.bound, got.proven, got.schedule) == (0.0, False, None)
     assert built == ["regions"]
-    got = mod.relax_and_round(g, budget, 30.0)  # (time enough: it builds, and bounds)
+    got = relax_and_round(g, budget, 30.0)  # (time enough: it builds, and bounds)
     assert built == ["regions", "regions", "forward"] and got.bound > 0.0
