@@ -61,7 +61,8 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
         # (with nothing that fits yet, it runs however little time is left: min_solve_s)
         results.append(get_solver("cpsat")(
             graph, budget_bytes, time_limit_s=None if time_limit_s is None
-            else max(config.min_solve_s, left() - reserve)))  # (it leaves cpsat_fine its share)
+            else max(config.min_solve_s, left() - reserve),  # (it leaves cpsat_fine its share)
+            config=config))
     fitting = [r for r in results + baselines if r.status != INFEASIBLE]
     if time_limit_s is not None and fitting and left() >= config.min_solve_s:
         # the finer space, for a share of the limit, from the best so far: seldom proven,
@@ -69,7 +70,7 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
         best = min(fitting, key=lambda r: r.estimate.recompute_s)  # type: ignore[union-attr]
         results.append(get_solver("cpsat_fine")(
             graph, budget_bytes, time_limit_s=min(left(), config.fine_share * time_limit_s),
-            warm=best.schedule))
+            warm=best.schedule, config=config))
     results += baselines
     fitting = [r for r in results if r.status != INFEASIBLE]
     if fitting:
