@@ -44,9 +44,8 @@ def checkpoint_costs(device: torch.device, *, rounds: int = 9) -> tuple[float, f
     Times chains of ``tanh`` on a small tensor (each op saves one tensor) as K checkpointed
     calls of N ops each, beside the same ops without checkpoints and their forward alone, in
     turns for ``rounds`` rounds (medians), and fits ``extra = K * call + K * N * saved`` by
-    least squares over `_CALIBRATION` (both clamped at 0). On the development machine (CPU,
-    one thread) that gave about 0.2 ms per call and 18 us per saved tensor: the pack and
-    unpack hooks run in Python. Forward times of real ops do not enter: only the hooks' and
+    least squares over `_CALIBRATION` (both clamped at 0). Both are small but not negligible
+    on CPU, where the pack and unpack hooks run in Python. Forward times of real ops do not enter: only the hooks' and
     the call's work, which depends on the device and the Python build, not on the model."""
     key = (str(device), torch.get_num_threads())
     if key not in _COSTS:

@@ -1,4 +1,4 @@
-"""`scheduler.synthetic`: random cost graphs are valid, realistic and deterministic.
+"""`scheduler.testing.synthetic`: random cost graphs are valid, realistic and deterministic.
 
 Their "measured" peak is the simulator's; here it is checked against a replay of the graph's
 own records written out below (`unscheduled_peak_by_hand`), not against `simulate` again.
