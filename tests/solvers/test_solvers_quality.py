@@ -102,7 +102,8 @@ def test_auto_at_other_budgets_fits_above_a_bound_solved_apart(recorded_graph, n
     assert full_space_bound(recorded_graph(name), budget, time_limit_s=10.0) <= t * (1 + 1e-9)
     if r.lower_bound_s is not None:
         assert r.lower_bound_s <= t * (1 + 1e-9)
-        assert r.gap == pytest.approx(0.0 if r.status == OPTIMAL else (t - r.lower_bound_s) / max(t, 1e-12))
+        assert r.gap == pytest.approx(0.0 if r.status == OPTIMAL
+                                      else (t - r.lower_bound_s) / max(t, 1e-12))
 
 
 @pytest.mark.parametrize("name", [name for name, _ in RECORDED_GRAPHS])
