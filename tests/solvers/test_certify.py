@@ -13,19 +13,15 @@ however often it is solved): a bound stopped by a short time limit may stop anyw
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from test_full_space import _budgets, _full_space, _small
+from _full_space import full_space, small_graph, space_budgets, space_optimum
+from conftest import budget_bytes
 
-from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import CostGraph
-from scheduler.ir.schedule import Schedule
 from scheduler.solvers import FEASIBLE, INFEASIBLE, OPTIMAL, SolverConfig, get_solver
 from scheduler.solvers.base import SolveResult
 from scheduler.solvers.certify import certify
 
-GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
 #: time enough for the bound's solve to prove the relaxation's optimum on these graphs
 PROVEN = SolverConfig(bound_s=120.0)
 
@@ -40,13 +36,14 @@ def _verdict(r: SolveResult) -> tuple:
 
 
 @pytest.mark.parametrize("name,share", [("mlp", 0.9), ("hf_gpt2", 0.9)])
-def test_same_verdict_in_any_order_on_recorded_graphs(name: str, share: float) -> None:
+def test_same_verdict_in_any_order_on_recorded_graphs(recorded_graph, name: str,
+                                                      share: float) -> None:
     """cpsat then dp, relax (which proves its optimum, the best bound there is), then dp and
     cpsat again: the same verdicts, on graphs whose bound CP-SAT proves in seconds. On the
     MLP the relaxation's optimum is relax's schedule, so cpsat and dp there are FEASIBLE
     with its gap."""
-    g = CostGraph.load(GRAPHS / f"{name}.json")
-    budget = int(share * simulate(g, Schedule.none(g)).peak_bytes)
+    g = recorded_graph(name)
+    budget = budget_bytes(g, share)
     before = dict(vars(g))
     first = {s: _judged(g, s, budget) for s in ("cpsat", "dp")}
     relaxed = get_solver("relax")(g, budget)
@@ -73,10 +70,10 @@ def test_same_verdict_in_any_order_on_small_graphs(seeds: range) -> None:
     solvers = ("dp", "cpsat", "brute")
     claims = checked = 0
     for seed in seeds:
-        g = _small(seed)
-        space = _full_space(g)
-        for budget in _budgets(space):
-            opt = min((t for p, t in space if p <= budget), default=None)
+        g = small_graph(seed)
+        space = full_space(g)
+        for budget in space_budgets(space):
+            opt = space_optimum(space, budget)
             first = {s: _judged(g, s, budget) for s in solvers}
             between = [get_solver("relax")(g, budget), get_solver("auto")(g, budget)]
             second = {s: _judged(g, s, budget) for s in reversed(solvers)}
@@ -100,7 +97,7 @@ def test_an_uncertified_result_claims_only_its_own_space() -> None:
     """Straight from a solver whose space is not the full one, a result is FEASIBLE with no
     full-space bound, however optimal over its space; certified, it is judged; a baseline's
     result, which claims nothing, is left as it is."""
-    g = _small(4)
+    g = small_graph(4)
     budget = g.measured_peak_bytes
     raw = get_solver("dp")(g, budget)
     assert raw.status == FEASIBLE and raw.space_optimal and raw.certifiable

@@ -4,18 +4,25 @@
 against brute force over the *full* space (every boundary, both policies, every save set) on
 small graphs, and against random schedules with save sets on the recorded graphs. A result is
 OPTIMAL only when it is optimal over the full space: every OPTIMAL claim on small graphs is
-checked against that brute force.
+checked against that brute force, and every INFEASIBLE one against brute force over the
+solver's own space (`_full_space` enumerates the full one).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
+from _full_space import (
+    every_save_set,
+    full_space,
+    small_graph,
+    space_budgets,
+    space_optimum,
+)
+from conftest import DATA_DIR, budget_bytes
 
 from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import CostGraph
@@ -24,38 +31,11 @@ from scheduler.solvers import FEASIBLE, INFEASIBLE, OPTIMAL, get_solver
 from scheduler.solvers.bound import full_space_bound
 from scheduler.solvers.brute import brute_force
 from scheduler.solvers.certify import certify
+from scheduler.solvers.cpsat import fine_points, unit_points
+from scheduler.solvers.dp import save_candidates, table_for
 from scheduler.solvers.relaxation import Relaxation
-from scheduler.testing.synthetic import random_graph
 
-GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
-DATA = Path(__file__).resolve().parents[1] / "data"
 REL = 1e-9
-
-
-def every_save_set(g: CostGraph, start: int, stop: int) -> list[frozenset[str]]:
-    """Every save set of a region: any subset of its nodes that allocate."""
-    nodes = [x for x in g.compute_nodes[start:stop] if g.allocates(x)]
-    return [frozenset(c) for k in range(len(nodes) + 1)
-            for c in itertools.combinations(nodes, k)]
-
-
-def _full_space(g: CostGraph) -> list[tuple[int, float]]:
-    """(peak, recompute) of every schedule of the full space, via brute force's cache."""
-    from scheduler.solvers.brute import _space
-
-    n = len(g.compute_nodes)
-    return _space(g, list(range(n + 1)), (KEEP, RECOMPUTE), 10**6, every_save_set)
-
-
-def _small(seed: int) -> CostGraph:
-    kind = "dag" if seed % 2 else "chain"
-    return random_graph(3 + seed % 4, kind=kind, seed=seed, block_size=2,
-                        skip_prob=0.5 if seed % 4 == 1 else 0.3)
-
-
-def _budgets(space: list[tuple[int, float]]) -> list[int]:
-    peaks = sorted({p for p, _ in space})
-    return sorted({*peaks[::max(1, len(peaks) // 8)], peaks[0] - 1, peaks[-1]})
 
 
 @pytest.mark.parametrize("seeds", [range(0, 20), range(20, 40)],
@@ -63,10 +43,10 @@ def _budgets(space: list[tuple[int, float]]) -> list[int]:
 def test_bound_is_below_the_full_space_optimum(seeds: range) -> None:
     tight = checked = 0
     for seed in seeds:
-        g = _small(seed)
-        space = _full_space(g)
-        for budget in _budgets(space):
-            opt = min((t for p, t in space if p <= budget), default=None)
+        g = small_graph(seed)
+        space = full_space(g)
+        for budget in space_budgets(space):
+            opt = space_optimum(space, budget)
             lb = full_space_bound(g, budget)
             if opt is None:
                 continue  # nothing fits: any bound (inf included) holds
@@ -80,8 +60,8 @@ def test_bound_is_below_the_full_space_optimum(seeds: range) -> None:
 def test_bound_proves_infeasible_only_where_nothing_fits() -> None:
     proven = 0
     for seed in range(40):
-        g = _small(seed)
-        space = _full_space(g)
+        g = small_graph(seed)
+        space = full_space(g)
         least = min(p for p, _ in space)
         assert full_space_bound(g, least) < math.inf, seed
         proven += full_space_bound(g, least - 1) == math.inf
@@ -108,11 +88,11 @@ def _random_schedule(g: CostGraph, rnd: random.Random) -> Schedule:
 
 
 @pytest.mark.parametrize("name", ["gpt", "mlp", "unet", "hf_gpt2"])
-def test_bound_is_below_random_schedules_of_recorded_graphs(name: str) -> None:
+def test_bound_is_below_random_schedules_of_recorded_graphs(recorded_graph, name: str) -> None:
     """At the peak of a random schedule (save sets, single-node regions), the bound is at
     most that schedule's recompute time: the recorded graphs carry what synthetic ones lack
     (views, op temporaries, replay marks)."""
-    g = CostGraph.load(GRAPHS / f"{name}.json")
+    g = recorded_graph(name)
     rnd = random.Random(name)
     for _ in range(12):
         s = _random_schedule(g, rnd)
@@ -122,13 +102,13 @@ def test_bound_is_below_random_schedules_of_recorded_graphs(name: str) -> None:
 
 
 
-def test_bound_is_below_a_region_whose_last_saver_stops_the_replay() -> None:
+def test_bound_is_below_a_region_whose_last_saver_stops_the_replay(recorded_graph) -> None:
     """A schedule cpsat_fine found for HF GPT-2 at 90% (tests/data): its recompute region
     ends at a saver whose replay mark is 0, so that node neither replays nor is cached, yet
     the region remakes a tensor it saves. The bound at the schedule's peak stays below its
     recompute time (an earlier form of the relaxation went above it)."""
-    g = CostGraph.load(GRAPHS / "hf_gpt2.json")
-    s = Schedule.load(DATA / "hf_gpt2_90_idle_stop_schedule.json")
+    g = recorded_graph("hf_gpt2")
+    s = Schedule.load(DATA_DIR / "hf_gpt2_90_idle_stop_schedule.json")
     s.validate(g)
     last = [x for r in s.regions if r.recompute for x in r.nodes if g.node(x).saved][-1]
     assert g.replay_mark(last) == 0
@@ -136,18 +116,45 @@ def test_bound_is_below_a_region_whose_last_saver_stops_the_replay() -> None:
     assert full_space_bound(g, est.peak_bytes) <= est.recompute_s
 
 
+#: each solver's own space, as brute force's ``(points, save_options)`` for a graph; None:
+#: the full space (relax's; auto runs relax among the others)
+SPACES = {
+    "dp": lambda g: (table_for(g)[0].points, save_candidates),
+    "cpsat": lambda g: (unit_points(g), None),
+    "cpsat_fine": lambda g: (fine_points(g), None),
+    "brute": lambda g: (list(range(len(g.compute_nodes) + 1)), None),
+    "relax": None,
+    "auto": None,
+}
+
+
 def test_optimal_claims_hold_over_the_full_space() -> None:
     """Whatever solver says OPTIMAL, once certified, has the brute-force optimum of the full
-    space; every fitting result's bound and gap are against that space."""
-    claims = 0
+    space; every fitting result's bound and gap are against that space. Whatever says
+    INFEASIBLE has nothing that fits in its space, by brute force over that space (the full
+    one for relax and auto), and the least peak it names is that space's."""
+    claims = infeasible = 0
     for seed in range(24):
-        g = _small(seed)
-        space = _full_space(g)
-        for budget in _budgets(space):
-            opt = min((t for p, t in space if p <= budget), default=None)
-            for solver in ("dp", "cpsat", "cpsat_fine", "brute", "relax", "auto"):
+        g = small_graph(seed)
+        space = full_space(g)
+        least = min(p for p, _ in space)
+        for budget in space_budgets(space):
+            opt = space_optimum(space, budget)
+            for solver, own in SPACES.items():
                 r = certify(g, get_solver(solver)(g, budget, time_limit_s=10.0))
+                why = (seed, budget, solver)
                 if r.status == INFEASIBLE:
+                    infeasible += 1
+                    assert r.schedule is None and r.estimate is None, why
+                    if own is None:
+                        assert opt is None, why
+                        if r.min_feasible_bytes is not None:  # (auto's: its solvers' least)
+                            assert r.min_feasible_bytes >= least > budget, why
+                        continue
+                    points, saves = own(g)
+                    ref = brute_force(g, budget, points=points, save_options=saves)
+                    assert ref.status == INFEASIBLE, why
+                    assert r.min_feasible_bytes == ref.min_feasible_bytes > budget, why
                     continue
                 assert opt is not None
                 t = r.estimate.recompute_s
@@ -156,16 +163,17 @@ def test_optimal_claims_hold_over_the_full_space() -> None:
                                               else (t - r.lower_bound_s) / max(t, 1e-12))
                 if r.status == OPTIMAL:
                     claims += 1
-                    assert t == pytest.approx(opt, rel=1e-6, abs=1e-15), (seed, budget, solver)
+                    assert t == pytest.approx(opt, rel=1e-6, abs=1e-15), why
                 else:
                     assert r.status == FEASIBLE
-    assert claims > 50
+    # not vacuous: one byte below the least peak, nothing fits in any space
+    assert claims > 50 and infeasible >= 24 * len(SPACES), (claims, infeasible)
 
 
 def test_brute_force_over_the_full_space_is_optimal_as_it_stands() -> None:
-    g = _small(5)
+    g = small_graph(5)
     n = len(g.compute_nodes)
-    space = _full_space(g)
+    space = full_space(g)
     budget = sorted({p for p, _ in space})[1]
     r = brute_force(g, budget, points=list(range(n + 1)), save_options=every_save_set,
                     full_space=True)
@@ -173,13 +181,13 @@ def test_brute_force_over_the_full_space_is_optimal_as_it_stands() -> None:
     assert r.estimate.recompute_s == min(t for p, t in space if p <= budget)
 
 
-def test_space_optimum_below_the_full_space_is_feasible_with_its_gap() -> None:
+def test_space_optimum_below_the_full_space_is_feasible_with_its_gap(recorded_graph) -> None:
     """On GPT at 70%, dp's optimum over chain cuts is not the full space's: a schedule that
     `cpsat_fine` found (recorded in tests/data) fits with less recompute. dp says so:
     FEASIBLE, space_optimal, and, certified, a gap against the full-space bound that leaves
     room for it."""
-    g = CostGraph.load(GRAPHS / "gpt.json")
-    budget = int(0.7 * simulate(g, Schedule.none(g)).peak_bytes)
+    g = recorded_graph("gpt")
+    budget = budget_bytes(g, 0.7)
     raw = get_solver("dp")(g, budget)
     assert raw.status == FEASIBLE and raw.lower_bound_s is None and not raw.certified
     got = certify(g, raw)
@@ -187,7 +195,7 @@ def test_space_optimum_below_the_full_space_is_feasible_with_its_gap() -> None:
     assert got.space_bound_s == pytest.approx(got.estimate.recompute_s)
     assert got.schedule.meta["space_optimal"] is True and got.schedule.status == FEASIBLE
     assert 0 < got.lower_bound_s < got.estimate.recompute_s
-    better = Schedule.load(DATA / "gpt_70_cpsat_fine_schedule.json")
+    better = Schedule.load(DATA_DIR / "gpt_70_cpsat_fine_schedule.json")
     better.validate(g)  # (the fingerprint too)
     est = simulate(g, better)
     assert est.peak_bytes <= budget and est.recompute_s < 0.8 * got.estimate.recompute_s
@@ -196,17 +204,18 @@ def test_space_optimum_below_the_full_space_is_feasible_with_its_gap() -> None:
                                     / got.estimate.recompute_s)
 
 
-def test_infeasible_budget_error_says_whether_the_full_space_is_ruled_out() -> None:
+def test_infeasible_budget_error_says_whether_the_full_space_is_ruled_out(recorded_graph
+                                                                          ) -> None:
     """On the MLP at 50% the bound proves that no schedule of any kind fits; at one byte
     below dp's least feasible budget at 90% of the MLP's none-peak, it does not."""
     from scheduler import InfeasibleBudgetError, solve_graph
 
-    g = CostGraph.load(GRAPHS / "mlp.json")
-    peak = simulate(g, Schedule.none(g)).peak_bytes
+    g = recorded_graph("mlp")
+    half = budget_bytes(g, 0.5)
     with pytest.raises(InfeasibleBudgetError) as info:
-        solve_graph(g, int(0.5 * peak), solver="dp")
+        solve_graph(g, half, solver="dp")
     assert "no schedule of the full space fits it (proven)" in str(info.value)
-    assert full_space_bound(g, int(0.5 * peak)) == math.inf
+    assert full_space_bound(g, half) == math.inf
     least = info.value.min_feasible_bytes
     assert full_space_bound(g, least - 1) < math.inf
     with pytest.raises(InfeasibleBudgetError) as info:
@@ -222,7 +231,7 @@ def test_a_bound_above_a_fitting_schedule_is_dropped_with_a_warning(monkeypatch:
     from scheduler.solvers import certify as mod
     from scheduler.solvers.bound import BoundWarning
 
-    g = _small(3)
+    g = small_graph(3)
     budget = g.measured_peak_bytes
     monkeypatch.setattr(mod, "full_space_bound", lambda graph, b, **kw: 1.0)
     with pytest.warns(BoundWarning, match="relaxation is wrong"):
@@ -239,11 +248,12 @@ def test_forward_copies_between_their_savers_raise_the_bound(monkeypatch: pytest
     On this small DAG the bound with those terms stays at or below the brute-force optimum
     at every budget, and is above the bound without them at some (29% above it, at the
     optimum, at one)."""
-    g = _small(3)
-    space = _full_space(g)
+    g = small_graph(3)
+    space = full_space(g)
     raised = 0
-    for budget in _budgets(space):
-        optimum = min((t for p, t in space if p <= budget), default=math.inf)
+    for budget in space_budgets(space):
+        optimum = space_optimum(space, budget)
+        optimum = math.inf if optimum is None else optimum
         with_copies, _ = Relaxation(g, budget, lean=False).solve(30.0)
         with monkeypatch.context() as m:
             m.setattr(Relaxation, "_forward_copy", lambda self, sid, k: None)

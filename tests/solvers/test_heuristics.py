@@ -7,13 +7,11 @@ n // k functions recomputed, the rest kept), never copied from the code's output
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from _chain import chain
+from conftest import RECORDED_GRAPHS, budget_bytes, unscheduled_peak
 
 from scheduler.cost.simulate import simulate
-from scheduler.ir.graph import CostGraph
 from scheduler.ir.schedule import KEEP, RECOMPUTE, Schedule
 from scheduler.solvers import (
     FEASIBLE,
@@ -28,16 +26,11 @@ BASELINES = ["none", "every_block", "sqrt", "uniform:1", "uniform:2", "uniform:3
 
 STEM_BLOCKS_HEAD = ["", "h.0", "h.0", "h.1", "h.1", "h.2", "h.2", "h.3", "h.3", ""]
 NO_BLOCKS = [""] * 10
-RECORDED = sorted((Path(__file__).resolve().parents[2] / "graphs").glob("*.json"))
 
 
 def shape(schedule: Schedule) -> list[tuple[str, int]]:
     """``[(policy, number of nodes), ...]``, region by region."""
     return [(r.policy, len(r.nodes)) for r in schedule.regions]
-
-
-def unscheduled_peak(graph) -> int:
-    return simulate(graph, Schedule.none(graph)).peak_bytes
 
 
 # ------------------------------------------------------------------------------ the contract
@@ -48,7 +41,7 @@ def unscheduled_peak(graph) -> int:
 @pytest.mark.parametrize("blocks", [STEM_BLOCKS_HEAD, NO_BLOCKS], ids=["blocks", "no-blocks"])
 def test_estimate_is_simulate_and_status_follows_peak(name, fraction, blocks):
     graph = chain(blocks, out_bytes=[1000, 3000, 500, 2000, 1000, 4000, 800, 1200, 900, 600])
-    budget = int(fraction * unscheduled_peak(graph))
+    budget = budget_bytes(graph, fraction)
     result = get_solver(name)(graph, budget)
     assert result.schedule is not None
     assert result.estimate == simulate(graph, result.schedule)
@@ -77,13 +70,12 @@ def test_none_at_the_unscheduled_peak_is_feasible_and_recomputes_nothing():
     assert result.estimate.recompute_s == 0.0
 
 
-@pytest.mark.skipif(not RECORDED, reason="no recorded graphs in graphs/")
-@pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
-def test_recorded_graphs(path):
-    graph = CostGraph.load(path)
+@pytest.mark.parametrize("graph_name", [name for name, _ in RECORDED_GRAPHS])
+def test_recorded_graphs(recorded_graph, graph_name):
+    graph = recorded_graph(graph_name)
     peak = unscheduled_peak(graph)
     for fraction in (1.0, 0.6):
-        budget = int(fraction * peak)
+        budget = budget_bytes(graph, fraction)
         for name in BASELINES:
             result = get_solver(name)(graph, budget)
             assert result.estimate == simulate(graph, result.schedule), name
@@ -192,8 +184,8 @@ def test_greedy_keeps_everything_when_everything_fits():
 def test_greedy_recompute_grows_as_the_budget_shrinks():
     # same candidates at every budget: a smaller budget can only cost more recompute
     graph = chain(NO_BLOCKS, out_bytes=[1000, 3000, 500, 2000, 1000, 4000, 800, 1200, 900, 600])
-    peak = unscheduled_peak(graph)
-    results = [get_solver("greedy")(graph, int(f * peak)) for f in (1.0, 0.9, 0.8, 0.7, 0.6)]
+    results = [get_solver("greedy")(graph, budget_bytes(graph, f))
+               for f in (1.0, 0.9, 0.8, 0.7, 0.6)]
     feasible = [r for r in results if r.status == FEASIBLE]
     assert len(feasible) >= 3
     rc = [r.estimate.recompute_s for r in feasible]
@@ -235,7 +227,7 @@ def test_knapsack_respects_its_own_plain_sum_model(fraction):
     weight = saved_by_others(graph)
     total = sum(weight.values())
     peak = unscheduled_peak(graph)
-    budget = int(fraction * peak)
+    budget = budget_bytes(graph, fraction)
     allowed = max(0, budget - (peak - total))
     policy = get_solver("knapsack")(graph, budget).schedule.policy_of()
     kept = sum(w for name, w in weight.items() if policy[name] == KEEP)

@@ -16,16 +16,36 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import budget_bytes, unscheduled_peak
+from ortools.sat.python import cp_model
 
 from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import CostGraph
 from scheduler.ir.schedule import Schedule
-from scheduler.solvers import FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult
+from scheduler.solvers import FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult, get_solver
+from scheduler.solvers import cpsat as cpsat_module
 from scheduler.solvers.bound import full_space_bound
-from scheduler.solvers.brute import brute_force
+from scheduler.solvers.brute import brute_force, count_schedules, schedules
 from scheduler.solvers.certify import certify
 from scheduler.solvers.config import SolverConfig
-from scheduler.solvers.dp import dp, save_candidates, table_for
+from scheduler.solvers.cpsat import (
+    Incumbents,
+    cpsat,
+    cpsat_fine,
+    fine_points,
+    unit_points,
+)
+from scheduler.solvers.cpsat_model import CpsatModel
+from scheduler.solvers.dp import (
+    RegionTable,
+    _search,  # (no public search over a given table: the check compares two tables)
+    chain_cuts,
+    crossing_counts,
+    dp,
+    min_feasible_bytes,
+    save_candidates,
+    table_for,
+)
 from scheduler.testing.synthetic import random_graph
 
 FRACTIONS = (1.0, 0.85, 0.7, 0.55, 0.4)
@@ -137,24 +157,17 @@ def test_dp_equals_brute_force_on_more_chains(seeds: range) -> None:
 
 
 @pytest.mark.parametrize("name", ["gpt", "mlp"])
-def test_dp_table_without_long_keeps_loses_nothing(name: str) -> None:
+def test_dp_table_without_long_keeps_loses_nothing(recorded_graph, name: str) -> None:
     """dp offers keep regions longer than one gap only where a one-gap keep piece is not
     separable; on the recorded graphs (GPT has such pieces at its end) the search over that
     table finds the same least recompute, with the same status, as over the table with every
     keep span, at budgets from 95% down to below the least feasible one."""
-    from scheduler.solvers.dp import (
-        RegionTable,
-        _search,
-        chain_cuts,
-        min_feasible_bytes,
-    )
-
-    g = CostGraph.load(Path(__file__).resolve().parents[2] / "graphs" / f"{name}.json")
+    g = recorded_graph(name)
     cuts = chain_cuts(g)
     small, full = RegionTable(g, cuts), RegionTable(g, cuts, long_keeps=True)
     assert len(small.entries) < len(full.entries)
     assert min_feasible_bytes(small) == min_feasible_bytes(full)
-    peak = simulate(g, Schedule.none(g)).peak_bytes
+    peak = unscheduled_peak(g)
     for f in range(95, 15, -5):
         a, b = _search(small, peak * f // 100), _search(full, peak * f // 100)
         assert (a is None) == (b is None), f
@@ -165,20 +178,9 @@ def test_dp_table_without_long_keeps_loses_nothing(name: str) -> None:
 
 # -- cpsat ------------------------------------------------------------------------------------
 
-def _cpsat():
-    """``(cpsat, unit_points)``, or skip while `scheduler.solvers.cpsat` is not there yet."""
-    try:
-        from scheduler.solvers import cpsat as mod
-        return mod.cpsat, mod.unit_points
-    except (ImportError, AttributeError) as e:
-        pytest.skip(f"scheduler.solvers.cpsat with cpsat() and unit_points() not available: {e}")
-
-
 def test_cpsat_out_of_time_returns_the_best_cheap_baseline() -> None:
     """When time runs out before CP-SAT finds a schedule that fits, cpsat answers with the
     best fitting warm start (FEASIBLE, never a false INFEASIBLE), simulated like any result."""
-    from scheduler.solvers import get_solver
-
     g = random_graph(300, kind="dag", seed=3)
     sqrt = get_solver("sqrt")(g, 1 << 62)
     budget = sqrt.estimate.peak_bytes  # sqrt fits exactly
@@ -194,10 +196,8 @@ def test_cpsat_out_of_time_returns_the_best_cheap_baseline() -> None:
 
 def test_cpsat_answers_with_a_fitting_baseline_its_units_miss() -> None:
     """Where nothing on cpsat's unit points fits but a cheap baseline (cut elsewhere) does,
-    cpsat returns that baseline as FEASIBLE, not INFEASIBLE (one unit: ``cpsat_max_units=1``)."""
-    from scheduler.solvers import cpsat as mod
-    from scheduler.solvers import get_solver
-
+    cpsat returns the best fitting one as FEASIBLE, not INFEASIBLE (one unit:
+    ``cpsat_max_units=1``)."""
     g = random_graph(24, kind="chain", seed=5)
     n = len(g.compute_nodes)
     every = get_solver("every_block")(g, 1 << 62)
@@ -206,27 +206,26 @@ def test_cpsat_answers_with_a_fitting_baseline_its_units_miss() -> None:
              for p in ("keep", "recompute")]
     assert min(whole) > budget  # one unit: neither of its two schedules fits
     one = SolverConfig(cpsat_max_units=1)
-    assert mod.unit_points(g, config=one) == [0, n]
-    got = mod.cpsat(g, budget, time_limit_s=CPSAT_LIMIT_S, config=one)
+    assert unit_points(g, config=one) == [0, n]
+    fitting = [r for r in (get_solver(b)(g, budget) for b in one.cpsat_warm_starts)
+               if r.status != INFEASIBLE]
+    got = cpsat(g, budget, time_limit_s=CPSAT_LIMIT_S, config=one)
     assert got.status == FEASIBLE
     assert got.estimate == simulate(g, got.schedule)
     assert got.estimate.peak_bytes <= budget
-    assert got.estimate.recompute_s <= every.estimate.recompute_s
+    assert got.estimate.recompute_s == min(r.estimate.recompute_s for r in fitting)
 
 
 def _compare_cpsat(seed: int, g: CostGraph, *, fine: bool = False,
                    config: SolverConfig | None = None) -> None:
     """cpsat against brute force over `unit_points` (``fine``: cpsat_fine over `fine_points`),
     at every budget, with ``config``."""
-    cpsat, unit_points = _cpsat()
-    if fine:
-        from scheduler.solvers.cpsat import cpsat_fine, fine_points
-        cpsat, unit_points = cpsat_fine, fine_points
-    points = unit_points(g)
+    solve, space = (cpsat_fine, fine_points) if fine else (cpsat, unit_points)
+    points = space(g)
     min_feasible = brute_force(g, 0, points=points).min_feasible_bytes
     for budget in _budgets(g, min_feasible):
         ref = brute_force(g, budget, points=points)
-        got = cpsat(g, budget, time_limit_s=CPSAT_LIMIT_S, config=config)
+        got = solve(g, budget, time_limit_s=CPSAT_LIMIT_S, config=config)
         why = _explain(g, seed, budget, got, ref)
         assert (got.status == INFEASIBLE) == (ref.status == INFEASIBLE), why
         if ref.status == INFEASIBLE:
@@ -278,8 +277,6 @@ def test_dp_equals_brute_force_on_dags(seeds: range) -> None:
 # -- brute force itself -------------------------------------------------------------------------
 
 def test_brute_force_enumerates_the_space() -> None:
-    from scheduler.solvers.brute import count_schedules, schedules
-
     g = random_graph(6, seed=1)
     pts = list(range(7))
     all_spans = list(schedules(g, pts))
@@ -296,8 +293,6 @@ def test_brute_force_enumerates_the_space() -> None:
 
 
 def test_brute_solver_is_registered() -> None:
-    from scheduler.solvers import get_solver
-
     g = random_graph(5, seed=3)
     r = get_solver("brute")(g, g.measured_peak_bytes)
     assert r.space_optimal and r.estimate.recompute_s == 0.0
@@ -311,17 +306,12 @@ def test_brute_solver_is_registered() -> None:
         get_solver("brute")(random_graph(13, seed=0), 10**9)
 
 
-def test_cpsat_units_cut_inside_blocks_where_as_cheap_as_between_them() -> None:
+def test_cpsat_units_cut_inside_blocks_where_as_cheap_as_between_them(recorded_graph) -> None:
     """On the recorded HF GPT-2 graph (ATen level: masks and position ids cross every block
     boundary) cpsat's units also end inside each transformer block, where no more storages
     cross than at a block boundary; that space reaches 80% of the unscheduled peak, which
-    block-boundary units alone do not, and beats every baseline there."""
-    from scheduler.solvers import get_solver
-    from scheduler.solvers.auto import BASELINES
-    from scheduler.solvers.cpsat import cpsat, unit_points
-    from scheduler.solvers.dp import crossing_counts
-
-    g = CostGraph.load(Path(__file__).resolve().parents[2] / "graphs" / "hf_gpt2.json")
+    block-boundary units alone do not, and cpsat proves brute force's optimum over it."""
+    g = recorded_graph("hf_gpt2")
     names = g.compute_nodes
     blocks = [g.node(x).block for x in names]
     points = unit_points(g)
@@ -331,14 +321,14 @@ def test_cpsat_units_cut_inside_blocks_where_as_cheap_as_between_them() -> None:
         inside = [p for p in points[1:-1] if blocks[p] == b and blocks[p - 1] == b]
         assert inside, (b, points)
         assert all(counts[p] <= max(counts[c] for c in bounds) for p in inside)
-    budget = int(0.8 * simulate(g, Schedule.none(g)).peak_bytes)
+    budget = budget_bytes(g, 0.8)
     got = cpsat(g, budget, time_limit_s=CPSAT_LIMIT_S)
     assert got.space_optimal and got.estimate.peak_bytes <= budget
     assert got.estimate == simulate(g, got.schedule)
-    for name in BASELINES:
-        r = get_solver(name)(g, budget)
-        if r.status != INFEASIBLE:
-            assert got.estimate.recompute_s <= r.estimate.recompute_s, name
+    _check_result(g, got, budget, points)
+    assert len(points) <= 12  # (brute force over them: F(2 * 9 + 3) = 10946 schedules)
+    ref = brute_force(g, budget, points=points)
+    assert got.estimate.recompute_s == pytest.approx(ref.estimate.recompute_s, rel=REL, abs=0.0)
     coarse = [0, *[c for c in points[1:-1] if c in bounds or c < bounds[0]], len(names)]
     assert brute_force(g, budget, points=coarse).status == INFEASIBLE
 
@@ -348,18 +338,15 @@ def test_cpsat_out_of_time_answers_the_better_of_its_find_and_the_warm_start(
     """When CP-SAT runs out of time with a fitting schedule worse than the warm start, cpsat
     answers with the warm start (FEASIBLE), its bound lowered to the warm start's time;
     certified, its gap is to the full-space bound."""
-    from scheduler.solvers import cpsat as mod
-    from scheduler.solvers import get_solver
-
     g = random_graph(40, kind="dag", seed=7)
     worse = Schedule.from_regions(g, [(0, len(g.compute_nodes), "recompute")])
     every = get_solver("every_block")(g, 1 << 62)
     budget = max(every.estimate.peak_bytes, simulate(g, worse).peak_bytes)
-    warm = mod.warm_start(g, budget).schedule
+    warm = cpsat_module.warm_start(g, budget).schedule
     warm_s = simulate(g, warm).recompute_s
     assert simulate(g, worse).recompute_s > warm_s
-    monkeypatch.setattr(mod, "solve_lazy", lambda *a, **k: (FEASIBLE, worse, warm_s * 2))
-    got = mod.cpsat(g, budget, time_limit_s=1.0)
+    monkeypatch.setattr(cpsat_module, "solve_lazy", lambda *a, **k: (FEASIBLE, worse, warm_s * 2))
+    got = cpsat(g, budget, time_limit_s=1.0)
     assert got.status == FEASIBLE and got.estimate == simulate(g, warm)
     assert got.space_bound_s == warm_s and not got.space_optimal
     assert got.lower_bound_s is None and got.gap is None
@@ -371,18 +358,13 @@ def test_cpsat_out_of_time_answers_the_better_of_its_find_and_the_warm_start(
 def test_cpsat_incumbents_keep_the_best_schedule_that_fits() -> None:
     """Every improving CP-SAT solution is simulated; the best that fits is kept. Solved to
     optimality, the kept one is the optimum itself (which fits on this chain)."""
-    from ortools.sat.python import cp_model
-
-    from scheduler.solvers import cpsat as mod
-    from scheduler.solvers.cpsat_model import CpsatModel
-
     g = random_graph(8, kind="chain", seed=4)
-    points = mod.unit_points(g)
+    points = unit_points(g)
     budget = brute_force(g, 0, points=points).min_feasible_bytes
     budget += (g.measured_peak_bytes - budget) // 2
     ref = brute_force(g, budget, points=points)
     model = CpsatModel(g, points, budget)
-    seen = mod.Incumbents(model, g, budget)
+    seen = Incumbents(model, g, budget)
     solver = cp_model.CpSolver()
     assert solver.Solve(model.m, seen.callback()) == cp_model.OPTIMAL
     assert seen.best is not None
@@ -395,8 +377,6 @@ def test_cpsat_incumbents_keep_the_best_schedule_that_fits() -> None:
 def test_cpsat_fine_equals_brute_force(kind: str, seeds: range) -> None:
     """cpsat_fine over `fine_points` (a boundary after any saver) returns brute force's
     optimum over those points, and INFEASIBLE exactly when brute force does."""
-    from scheduler.solvers.cpsat import fine_points, unit_points
-
     finer = 0
     for seed in seeds:
         g = _graph(kind, seed, max_nodes=8)
@@ -414,16 +394,14 @@ def test_cpsat_equals_brute_force_when_searching_without_presolve_first(
     memory constraints, no replay ones) hinted with the best answer that fits; forced on small
     graphs, even with one memory constraint kept, cpsat still returns brute force's optimum,
     a bound no higher, and INFEASIBLE exactly when brute force does."""
-    from scheduler.solvers import cpsat as mod
-
     steps: list[int | None] = []
-    real = mod.CpsatModel
+    real = cpsat_module.CpsatModel
 
     def spy(*a: Any, **k: Any) -> Any:  # (which models the search builds)
         steps.append(k.get("steps"))
         return real(*a, **k)
 
-    monkeypatch.setattr(mod, "CpsatModel", spy)
+    monkeypatch.setattr(cpsat_module, "CpsatModel", spy)
     config = SolverConfig(cpsat_large_model=0, cpsat_bound_steps=bound_steps)
     for seed in range(1000, 1004):
         _compare_cpsat(seed, _graph("dag", seed, max_nodes=7), config=config)
@@ -435,11 +413,6 @@ def test_cpsat_objective_is_the_simulated_recompute_time() -> None:
     optimum is the simulator's recompute time for it, checkpoint costs included, to within
     the objective's rounding (2 ns a unit): on synthetic DAGs and chains, 20 random schedules
     each."""
-    from ortools.sat.python import cp_model
-
-    from scheduler.solvers.cpsat import unit_points
-    from scheduler.solvers.cpsat_model import CpsatModel
-
     rnd = random.Random(5)
     for kind, seed in [("dag", 1), ("dag", 2), ("chain", 3)]:
         g = random_graph(40, kind=kind, seed=seed, block_size=3)

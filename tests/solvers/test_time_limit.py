@@ -8,32 +8,40 @@ These check what each search is given, not wall times (which the benchmark print
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
+from _optima import OPTIMA, REL
+from conftest import budget_bytes
 
 from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import CostGraph
-from scheduler.ir.schedule import Schedule
 from scheduler.solvers import FEASIBLE, INFEASIBLE, SolverConfig, get_solver
+from scheduler.solvers import auto as auto_module
+from scheduler.solvers import cpsat as cpsat_module
 from scheduler.solvers.base import finish
 from scheduler.solvers.bound import full_space_bound
 from scheduler.solvers.certify import certify
 from scheduler.solvers.relax import relax_and_round
 from scheduler.solvers.relaxation import Relaxation
 
-GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
+
+@pytest.fixture
+def graph_and_budget(recorded_graph) -> Callable[[str, float], tuple[CostGraph, int]]:
+    """``graph_and_budget(name, fraction)``: a fresh recorded graph and that fraction of its
+    unscheduled peak."""
+
+    def get(name: str, fraction: float) -> tuple[CostGraph, int]:
+        g = recorded_graph(name)
+        return g, budget_bytes(g, fraction)
+
+    return get
 
 
-def _graph_and_budget(name: str, share: float) -> tuple[CostGraph, int]:
-    g = CostGraph.load(GRAPHS / f"{name}.json")
-    return g, int(share * simulate(g, Schedule.none(g)).peak_bytes)
-
-
-def test_certify_solves_no_bound_without_time_and_remembers_none() -> None:
+def test_certify_solves_no_bound_without_time_and_remembers_none(graph_and_budget) -> None:
     """Given no time, `certify` solves no bound; given time, it does; given none again after
     that, it has none: nothing is remembered between calls."""
-    g, budget = _graph_and_budget("gpt", 0.7)
+    g, budget = graph_and_budget("gpt", 0.7)
     sched = get_solver("every_block")(g, budget).schedule
     t = simulate(g, sched).recompute_s
     found = finish(g, budget, sched, solver="x", started=time.perf_counter(), status=FEASIBLE)
@@ -49,23 +57,21 @@ def test_certify_solves_no_bound_without_time_and_remembers_none() -> None:
 
 
 @pytest.mark.parametrize("name", ["cpsat", "cpsat_fine"])
-def test_cpsat_ends_its_search_in_time_to_certify(name: str,
+def test_cpsat_ends_its_search_in_time_to_certify(name: str, graph_and_budget,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The search stops ``cpsat_bound_share`` of the limit (at most ``SolverConfig.bound_s``)
     before it, so that certifying the answer fits within it; the same on a second solve of the
     same graph (no state kept between solves). (`cpsat_fine` is given a schedule to start
     from, so that it runs no `cpsat` first.)"""
-    from scheduler.solvers import cpsat as mod
-
     searches: list[tuple[float, float | None]] = []
-    real = mod.solve_lazy
+    real = cpsat_module.solve_lazy
 
     def spy(graph, points, budget, deadline, *rest, **kw):
         searches.append((time.perf_counter(), deadline))
         return real(graph, points, budget, deadline, *rest, **kw)
 
-    monkeypatch.setattr(mod, "solve_lazy", spy)
-    g, budget = _graph_and_budget("unet", 0.7)
+    monkeypatch.setattr(cpsat_module, "solve_lazy", spy)
+    g, budget = graph_and_budget("unet", 0.7)
     kw = {"warm": get_solver("every_block")(g, budget).schedule} if name == "cpsat_fine" else {}
     limit = 3.0
     for config in (SolverConfig(), SolverConfig(), SolverConfig(bound_s=0.1)):
@@ -79,7 +85,8 @@ def test_cpsat_ends_its_search_in_time_to_certify(name: str,
         assert before + limit - reserve < until < at + limit - reserve
 
 
-def test_relax_solves_leave_time_for_their_schedules(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_relax_solves_leave_time_for_their_schedules(graph_and_budget,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Each of `relax_and_round`'s solves ends before the limit: what follows it (simulating
     the schedules it found, `repair`, the baselines relax compares with) gets the rest."""
     solves: list[tuple[float, float]] = []
@@ -90,7 +97,7 @@ def test_relax_solves_leave_time_for_their_schedules(monkeypatch: pytest.MonkeyP
         return real(self, limit, **kw)
 
     monkeypatch.setattr(Relaxation, "solve", spy)
-    g, budget = _graph_and_budget("gpt", 0.5)
+    g, budget = graph_and_budget("gpt", 0.5)
     limit = 2.0
     started = time.perf_counter()
     relax_and_round(g, budget, limit)
@@ -99,16 +106,15 @@ def test_relax_solves_leave_time_for_their_schedules(monkeypatch: pytest.MonkeyP
         assert 0.0 < given and at + given < started + limit
 
 
-def test_auto_starts_no_cpsat_with_too_little_time_left(monkeypatch: pytest.MonkeyPatch
+def test_auto_starts_no_cpsat_with_too_little_time_left(graph_and_budget,
+                                                        monkeypatch: pytest.MonkeyPatch
                                                         ) -> None:
     """When relax leaves less than `min_solve_s` of the limit and a schedule fits, auto
     answers without starting cpsat or cpsat_fine; with nothing that fits, cpsat still runs."""
-    from scheduler.solvers import auto as mod
-
-    g, budget = _graph_and_budget("gpt", 0.7)
+    g, budget = graph_and_budget("gpt", 0.7)
     limit = 2.0
     calls: list[str] = []
-    real = mod.get_solver
+    real = auto_module.get_solver
     fails = False
 
     def spy(name: str):
@@ -128,68 +134,85 @@ def test_auto_starts_no_cpsat_with_too_little_time_left(monkeypatch: pytest.Monk
         return slow_relax
 
     min_solve_s = SolverConfig().min_solve_s
-    monkeypatch.setattr(mod, "get_solver", spy)
+    monkeypatch.setattr(auto_module, "get_solver", spy)
     started = time.perf_counter()
-    r = mod.auto(g, budget, time_limit_s=limit)
+    r = auto_module.auto(g, budget, time_limit_s=limit)
     assert "relax" in calls and "cpsat" not in calls and "cpsat_fine" not in calls
     assert r.status != INFEASIBLE and r.estimate.peak_bytes <= budget
     # at 50% of the U-Net's peak, neither a baseline nor dp fits: with relax answering
     # nothing, cpsat runs
-    g, budget = _graph_and_budget("unet", 0.5)
-    assert all(real(b)(g, budget).status == INFEASIBLE for b in (*mod.BASELINES, "dp"))
+    g, budget = graph_and_budget("unet", 0.5)
+    assert all(real(b)(g, budget).status == INFEASIBLE for b in (*auto_module.BASELINES, "dp"))
     fails = True
     calls.clear()
     started = time.perf_counter()
-    r = mod.auto(g, budget, time_limit_s=limit)
+    r = auto_module.auto(g, budget, time_limit_s=limit)
     assert calls.index("cpsat") > calls.index("relax") and "cpsat_fine" not in calls
     assert r.solver == "cpsat" and r.estimate.peak_bytes <= budget
 
 
-def test_a_bound_remembers_nothing() -> None:
+def test_a_bound_remembers_nothing(graph_and_budget) -> None:
     """`full_space_bound` with no time to build the relaxation finds no bound, before and
     after one solved with time enough, and relax's own bound leaves it as it was."""
-    g, budget = _graph_and_budget("gpt", 0.7)
+    g, budget = graph_and_budget("gpt", 0.7)
     assert full_space_bound(g, budget, time_limit_s=0.01) == 0.0  # (no time to build it)
     timely = full_space_bound(g, budget)
     assert 0.0 < timely <= get_solver("relax")(g, budget).estimate.recompute_s
     assert full_space_bound(g, budget, time_limit_s=0.01) == 0.0
 
 
-def test_cpsat_fine_alone_starts_from_cpsat_within_its_limit(monkeypatch: pytest.MonkeyPatch
+def test_cpsat_fine_alone_starts_from_cpsat_within_its_limit(graph_and_budget,
+                                                            monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
     """Without a schedule to start from, `cpsat_fine` runs `cpsat` for
-    ``cpsat_fine_warm_share`` of its limit and answers no worse; its solve time counts both;
-    given one (as `auto` does), it does not."""
-    from scheduler.solvers import cpsat as mod
+    ``cpsat_fine_warm_share`` of its limit, then searches its finer space for the rest of
+    it, less what certifying the answer takes; its solve time counts both, and its answer
+    does not beat the recorded optimum. Given a schedule to start from (as `auto` does), it
+    runs no `cpsat` first."""
+    firsts: list[tuple[float | None, object, float]] = []
+    searches: list[tuple[float, float | None]] = []
+    real_cpsat, real_search = cpsat_module.cpsat, cpsat_module.solve_lazy
 
-    firsts: list[tuple[float | None, object]] = []
-    real = mod.cpsat
-
-    def spy(graph, budget, *, time_limit_s=None, config=None):
-        r = real(graph, budget, time_limit_s=time_limit_s, config=config)
-        firsts.append((time_limit_s, r))
+    def cpsat_spy(graph, budget, *, time_limit_s=None, config=None):
+        r = real_cpsat(graph, budget, time_limit_s=time_limit_s, config=config)
+        firsts.append((time_limit_s, r, time.perf_counter()))
         return r
 
-    monkeypatch.setattr(mod, "cpsat", spy)
-    g, budget = _graph_and_budget("gpt", 0.7)
+    def search_spy(graph, points, budget, deadline, *rest, **kw):
+        searches.append((time.perf_counter(), deadline))
+        return real_search(graph, points, budget, deadline, *rest, **kw)
+
+    monkeypatch.setattr(cpsat_module, "cpsat", cpsat_spy)
+    monkeypatch.setattr(cpsat_module, "solve_lazy", search_spy)
+    g, budget = graph_and_budget("gpt", 0.7)
     limit = 2.0
     config = SolverConfig(cpsat_fine_warm_share=0.4)
-    r = mod.cpsat_fine(g, budget, time_limit_s=limit, config=config)
-    (given, first), = firsts
+    before = time.perf_counter()
+    r = cpsat_module.cpsat_fine(g, budget, time_limit_s=limit, config=config)
+    (given, first, first_done), = firsts
     assert given == pytest.approx(0.4 * limit)
+    (first_at, _), (fine_at, fine_until) = searches  # (cpsat's search, then the fine one)
+    # the fine search ends the certify reserve before the limit counted from the call: the
+    # reserve is that share of the time left then, at most `bound_s`
+    most = min(config.bound_s, config.cpsat_bound_share * limit)
+    least = min(config.bound_s, config.cpsat_bound_share * (limit - (fine_at - before)))
+    assert before + limit - most <= fine_until
+    assert fine_until <= first_at + limit - least + (fine_at - first_done)
     assert r.status != INFEASIBLE and r.estimate.peak_bytes <= budget
-    assert r.estimate.recompute_s <= first.estimate.recompute_s
+    assert r.estimate == simulate(g, r.schedule)
+    assert r.estimate.recompute_s >= OPTIMA["gpt", 0.7] * (1 - REL)  # (proven least)
     assert r.solve_s >= first.solve_s
     firsts.clear()
-    mod.cpsat_fine(g, budget, time_limit_s=limit, warm=first.schedule)
+    cpsat_module.cpsat_fine(g, budget, time_limit_s=limit, warm=first.schedule)
     assert not firsts
 
 
-def test_the_relaxation_stops_building_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_relaxation_stops_building_at_its_deadline(graph_and_budget,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A relaxation past its deadline stops building between its parts (on the 2,000-node DAG
     the build alone took half a second, so that a bound asked for with less overran the
     limit): `relax_and_round` then answers no bound and no schedule, and builds no more."""
-    g, budget = _graph_and_budget("gpt", 0.7)
+    g, budget = graph_and_budget("gpt", 0.7)
     with pytest.raises(TimeoutError, match="out of time"):
         Relaxation(g, budget, deadline=time.perf_counter())
     built: list[str] = []
