@@ -8,6 +8,15 @@ a region with a save set adds a selective-checkpoint policy that marks every op 
 MUST_SAVE. Buffers a region mutates in forward (BatchNorm running statistics) are restored after
 its replay in backward, so they are updated once per step.
 
+Outside a training step it computes, the module runs the model's own ``forward``: with
+gradients off (``torch.no_grad``, ``inference_mode``: nothing would be saved), in another mode
+than the one it was traced in (``.eval()`` after a training-mode trace: dropout off, BatchNorm's
+running statistics, as the model does it), with keyword arguments that do not map onto the
+traced positional inputs, and, for a graph captured by ``torch.export`` (specialised to the
+traced shapes), with inputs of other shapes or dtypes. Such a call computes exactly what the
+model computes, without checkpointing; a training step that falls back warns once per cause,
+naming it, since its memory is not what the plan predicted.
+
 This is the only module that builds modules.
 """
 
@@ -15,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -31,6 +42,7 @@ from torch.utils.checkpoint import (
 )
 
 from .capture.program import Program
+from .capture.trace import input_specs
 from .ir.schedule import Schedule, ScheduleError
 
 __all__ = ["CheckpointedModule", "rewrite"]
@@ -76,7 +88,10 @@ class CheckpointedModule(nn.Module):
         prog = Program(gm)
         # not registered as submodules: they would add state_dict entries
         object.__setattr__(self, "_prog", prog)
+        object.__setattr__(self, "_model", model)  # its own forward, outside the traced step
         object.__setattr__(self, "_model_type", type(model).__name__)
+        object.__setattr__(self, "_warned", set())
+        self.training = model.training
         self.schedule = schedule
         self.loss_fn: Callable[[Any], torch.Tensor] = prog.info.loss_fn
         self._regions = _plan(prog, schedule)
@@ -85,7 +100,69 @@ class CheckpointedModule(nn.Module):
         rc = sum(r.recompute for r in self._regions)
         return f"{self._model_type}, {len(self._regions)} regions, {rc} recomputed"
 
-    def forward(self, *args: Any) -> Any:
+    def train(self, mode: bool = True) -> "CheckpointedModule":
+        """Set the mode, as `nn.Module.train` does, on the model too (its children are this
+        module's children; its own ``training`` flag is read by functional dropout)."""
+        super().train(mode)
+        self._model.training = mode
+        return self
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        positional = self._positional(args, kwargs)
+        why = self._fallback_reason(positional)
+        if why is not None:
+            if torch.is_grad_enabled() and self.training and why not in self._warned:
+                self._warned.add(why)
+                warnings.warn(
+                    f"this training step runs the model's own forward, not the checkpointed "
+                    f"plan: {why}. It computes the same loss and gradients, but its memory is "
+                    f"not what the plan predicted", RuntimeWarning, stacklevel=2)
+            return self._model(*args, **kwargs)
+        return self._run(positional)
+
+    def _positional(self, args: tuple[Any, ...], kwargs: dict[str, Any]
+                    ) -> tuple[Any, ...] | None:
+        """The call as the traced positional inputs: ``args``, or ``args`` and ``kwargs``
+        bound to the model's signature when they fill its first parameters in order (None
+        when they do not)."""
+        if not kwargs:
+            return args
+        try:
+            bound = inspect.signature(self._model.forward).bind(*args, **kwargs)
+        except (TypeError, ValueError):
+            return None
+        names = list(inspect.signature(self._model.forward).parameters)
+        given = list(bound.arguments)
+        if given != names[:len(given)]:
+            return None  # (a later parameter given while an earlier one is left out)
+        return tuple(bound.arguments.values())
+
+    def _fallback_reason(self, args: tuple[Any, ...] | None) -> str | None:
+        """Why this call cannot run the traced step (None: it can)."""
+        info = self._prog.info
+        if not torch.is_grad_enabled():
+            return "gradients are disabled"
+        if self.training != info.training:
+            return (f"the module is in {'training' if self.training else 'eval'} mode but was "
+                    f"traced in {'training' if info.training else 'eval'} mode; solve or apply "
+                    f"with the model in the mode it trains in")
+        if args is None:
+            return ("its keyword arguments do not map onto the positional inputs it was "
+                    "traced with; call it with those inputs, in order")
+        specs = input_specs(args)
+        if [s is None for s in specs] != [s is None for s in info.input_specs]:
+            return (f"it was called with {len(specs)} inputs ({_kinds(specs)}) but traced with "
+                    f"{len(info.input_specs)} ({_kinds(info.input_specs)}); call it with the "
+                    f"inputs it was traced with, or solve for this call")
+        if info.tracer == "export" and specs != info.input_specs:
+            shapes = [s[0] if s else None for s in specs]
+            traced = [s[0] if s else None for s in info.input_specs]
+            return (f"its inputs have shapes {shapes}, but the graph was exported for {traced} "
+                    f"(torch.export specialises to the traced shapes); solve again at this "
+                    f"shape for a plan that fits it")
+        return None
+
+    def _run(self, args: tuple[Any, ...]) -> Any:
         prog: Program = self._prog
         env = prog.inputs_env(args)
         plain = not torch.is_grad_enabled()  # nothing to save: run it as is
@@ -132,6 +209,10 @@ class _Calls:
     def __init__(self) -> None:
         self.n = 0
         self.rng: dict[str, Any] = {}  # save-set node -> RNG state forward left after it
+
+
+def _kinds(specs: tuple[Any, ...]) -> str:
+    return ", ".join("tensor" if s is not None else "other" for s in specs) or "none"
 
 
 def _run_region(prog: Program, region: _Region, calls: _Calls, *vals: Any) -> tuple[Any, ...]:

@@ -23,8 +23,8 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-__all__ = ["trace", "TraceError", "TraceInfo", "LossRecipe", "default_loss_recipe",
-           "preserved_state", "model_nodes"]
+__all__ = ["trace", "TraceError", "TraceInfo", "LossRecipe", "as_tuple", "default_loss_recipe",
+           "input_specs", "preserved_state", "model_nodes"]
 
 #: Name of the attribute that holds the user's model inside the traced wrapper.
 MODEL_ATTR = "model"
@@ -92,6 +92,10 @@ class TraceInfo:
     model_outputs: list[str] = field(default_factory=list)  # names of model-output nodes
     loss_nodes: set[str] = field(default_factory=set)  # nodes that only compute the loss
     fallback_reason: str = ""  # why symbolic_trace was not used
+    training: bool = True  # the model's ``training`` flag while it was traced
+    # (shape, dtype) of each tensor leaf of the inputs it was traced with (None: not a tensor);
+    # an exported graph is specialised to them
+    input_specs: tuple[tuple[tuple[int, ...], torch.dtype] | None, ...] = ()
 
 
 class _Step(nn.Module):
@@ -187,10 +191,17 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
                 "shapes, not tensor values; use torch.where), move it into the loss via "
                 "loss_fn=..., or wrap the model so it returns tensors only") from e2
     info = TraceInfo(tracer=tracer, out_spec=out_spec, loss_fn=loss_fn,
-                     fallback_reason=fx_error)
+                     fallback_reason=fx_error, training=model.training,
+                     input_specs=input_specs(inputs))
     _classify(gm, info)
     gm.meta["scheduler"] = info
     return gm
+
+
+def input_specs(inputs: Sequence[Any]) -> tuple[tuple[tuple[int, ...], torch.dtype] | None, ...]:
+    """(shape, dtype) of each leaf of ``inputs`` that is a tensor, None for the others."""
+    return tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None
+                 for x in pytree.tree_leaves(tuple(inputs)))
 
 
 def model_nodes(gm: fx.GraphModule) -> list[fx.Node]:

@@ -1,0 +1,180 @@
+"""A plan outside the training step it traced: eval mode, no_grad, keyword arguments, other
+input counts and (on the `torch.export` path) other shapes.
+
+There the checkpointed module must compute exactly what the model computes: it runs the
+model's own forward, and a training step that does so warns once, naming the cause. The
+reference is always a second model built with the same seed, run the same way.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import scheduler
+
+
+class FunctionalDropout(nn.Module):
+    """Dropout through ``F.dropout(x, p, self.training)``: fx reads ``self.training`` once, at
+    trace time, so the traced graph alone would keep (or never) dropping out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        h = F.dropout(torch.tanh(self.a(x)), 0.5, self.training)
+        out = self.b(h)
+        return out if y is None else ((out - y) ** 2).mean()
+
+
+class Branchy(nn.Module):
+    """A branch on a shape, which `torch.fx.symbolic_trace` cannot follow: traced by
+    `torch.export`, which specialises the graph to the traced shapes. With dropout and
+    BatchNorm, whose train and eval behaviour differ."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.drop = nn.Dropout(0.5)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 1:
+            x = x * 2
+        return self.b(self.drop(torch.relu(self.bn(self.a(x))))).sum()
+
+
+def build(cls: type[nn.Module]) -> nn.Module:
+    torch.manual_seed(0)
+    return cls().train()
+
+
+def solved(cls: type[nn.Module], inputs: tuple[Any, ...], *, train: bool = True) -> Any:
+    model = build(cls).train(train)
+    plan = scheduler.solve(model, inputs, budget=1.0, solver="every_block", repeats=1)
+    return model, plan
+
+
+def step(module: nn.Module, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Loss (or output) and the gradients of one step, dropout drawn after seed 0."""
+    torch.manual_seed(0)
+    for p in module.parameters():
+        p.grad = None
+    out = module(*args, **kwargs)
+    loss = out if out.dim() == 0 else out.sum()
+    loss.backward()
+    return out.detach(), [p.grad.clone() for p in module.parameters()]
+
+
+def same(a: tuple[torch.Tensor, list[torch.Tensor]],
+         b: tuple[torch.Tensor, list[torch.Tensor]]) -> bool:
+    return torch.equal(a[0], b[0]) and all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
+
+
+X = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+Y = torch.randn(4, 16, generator=torch.Generator().manual_seed(2))
+
+
+def test_the_traced_training_step_runs_without_a_warning() -> None:
+    model, plan = solved(FunctionalDropout, (X, Y))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = step(plan.module, X, Y)
+    assert same(got, step(build(FunctionalDropout), X, Y))
+
+
+def test_eval_mode_stops_functional_dropout() -> None:
+    model, plan = solved(FunctionalDropout, (X,))
+    plan.module.eval()
+    assert not model.training  # (the model's own flag follows, as its children's do)
+    ref = build(FunctionalDropout).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # eval is no training step: nothing to warn about
+        got = plan.module(X)
+    assert torch.equal(got, ref(X))
+    assert torch.equal(plan.module(X), plan.module(X))  # no dropout: the same twice
+    plan.module.train()
+    assert model.training
+    assert same(step(plan.module, X), step(build(FunctionalDropout), X))
+
+
+def test_no_grad_runs_the_model_as_it_is() -> None:
+    model, plan = solved(FunctionalDropout, (X, Y))
+    ref = build(FunctionalDropout)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        got = plan.module(X, Y)
+        torch.manual_seed(0)
+        assert torch.equal(got, ref(X, Y))
+
+
+def test_a_plan_traced_in_eval_mode_warns_in_training_and_drops_out() -> None:
+    model, plan = solved(FunctionalDropout, (X, Y), train=False)
+    plan.module.train()
+    with pytest.warns(RuntimeWarning, match="traced in eval mode"):
+        got = step(plan.module, X, Y)
+    assert same(got, step(build(FunctionalDropout), X, Y))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per cause
+        step(plan.module, X, Y)
+
+
+def test_keywords_that_fill_the_traced_inputs_run_the_plan() -> None:
+    model, plan = solved(FunctionalDropout, (X, Y))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = step(plan.module, x=X, y=Y)
+        assert same(got, step(plan.module, X, y=Y))
+    assert same(got, step(build(FunctionalDropout), X, Y))
+
+
+def test_fewer_inputs_than_traced_run_the_model_with_a_warning() -> None:
+    model, plan = solved(FunctionalDropout, (X, Y))
+    with pytest.warns(RuntimeWarning, match="called with 1 inputs"):
+        got = step(plan.module, X)  # (the optional target left out: another output)
+    assert same(got, step(build(FunctionalDropout), X))
+
+
+def test_exported_plan_in_eval_mode_is_the_models_eval() -> None:
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
+    model, plan = solved(Branchy, (x,))
+    assert plan.module._prog.info.tracer == "export"
+    ref = build(Branchy)
+    assert same(step(plan.module, x), step(ref, x))  # the traced step, in training
+    plan.module.eval()
+    ref.eval()
+    stats = copy.deepcopy(model.bn.state_dict())
+    with torch.no_grad():
+        assert torch.equal(plan.module(x), ref(x))
+    assert all(torch.equal(v, stats[k]) for k, v in model.bn.state_dict().items())
+
+
+def test_exported_plan_at_another_shape_is_right_and_warns() -> None:
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
+    short = torch.randn(3, 8, generator=torch.Generator().manual_seed(4))
+    model, plan = solved(Branchy, (x,))
+    with pytest.warns(RuntimeWarning, match=r"exported for \[\(4, 8\)\]"):
+        got = step(plan.module, short)
+    assert same(got, step(build(Branchy), short))
+
+
+@pytest.mark.xfail(strict=True, reason="issue 20: on the torch.export path the traced step "
+                   "does not increment BatchNorm's num_batches_tracked (its running statistics "
+                   "are updated)")
+def test_exported_training_step_counts_batchnorm_batches() -> None:
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
+    model, plan = solved(Branchy, (x,))
+    ref = build(Branchy)
+    step(plan.module, x)
+    step(ref, x)
+    assert torch.equal(model.bn.running_mean, ref.bn.running_mean)
+    assert torch.equal(model.bn.num_batches_tracked, ref.bn.num_batches_tracked)
