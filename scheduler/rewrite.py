@@ -42,7 +42,7 @@ from torch.utils.checkpoint import (
 )
 
 from .capture.program import Program
-from .capture.trace import input_specs
+from .capture.trace import alias_groups, input_specs, mutated_inputs
 from .ir.schedule import Schedule, ScheduleError
 
 __all__ = ["CheckpointedModule", "rewrite"]
@@ -340,7 +340,38 @@ def _plan(prog: Program, schedule: Schedule) -> list[_Region]:
             for i, n in enumerate(r.nodes):
                 for a in n.all_input_nodes:
                     r.last_read[a.name] = i
+    _check_mutations(prog, regions)
     return regions
+
+
+def _check_mutations(prog: Program, regions: list[_Region]) -> None:
+    """Refuse a recompute region whose backward replay would see other data than its forward.
+
+    The replay reads the region's inputs as they are in backward. If a value the region reads
+    from outside (or a view of it) is written in place by the region itself or by any later
+    node, the replay computes from the written value: autograd's saved-tensor check stops it
+    in backward ("modified by an inplace operation") without naming the op, so it is refused
+    here, before any step. Buffers are exempt: the replay restores those it mutates
+    (BatchNorm statistics), and they are not region inputs.
+    """
+    group = alias_groups(prog.gm)
+    attr_groups = {group[n] for n in prog.gm.graph.nodes if n.op == "get_attr"}
+    writes = [(n, group[a]) for n in prog.nodes for a in mutated_inputs(n)
+              if group[a] not in attr_groups]
+    every = {n.name: n for n in prog.gm.graph.nodes}
+    for ri, r in enumerate(regions):
+        if not (r.recompute and writes):
+            continue
+        start = prog.pos[r.nodes[0]]
+        outside = {group[every[n]]: n for n in r.inputs}
+        for node, g in writes:
+            if prog.pos[node] >= start and g in outside:
+                raise ScheduleError(
+                    f"region {ri} recomputes from {outside[g]!r}, which node {node.name!r} "
+                    f"({node.target}) writes in place afterwards: the backward replay would "
+                    f"read the written value. Keep region {ri} (policy keep), or let one "
+                    f"recompute region hold both {node.name!r} and the allocation of the "
+                    f"value it writes into")
 
 
 def _buffers_of(prog: Program, nodes: list[fx.Node]) -> list[torch.Tensor]:

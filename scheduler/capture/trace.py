@@ -13,6 +13,7 @@ buffers restored afterwards.
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import re
 from dataclasses import dataclass, field
@@ -23,8 +24,9 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-__all__ = ["trace", "TraceError", "TraceInfo", "LossRecipe", "as_tuple", "default_loss_recipe",
-           "input_specs", "preserved_state", "model_nodes"]
+__all__ = ["trace", "TraceError", "TraceInfo", "LossRecipe", "alias_groups", "as_tuple",
+           "default_loss_recipe", "input_specs", "model_nodes", "mutated_inputs",
+           "preserved_state"]
 
 #: Name of the attribute that holds the user's model inside the traced wrapper.
 MODEL_ATTR = "model"
@@ -173,7 +175,15 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
 
     fx_error = ""
     try:
-        gm = fx.symbolic_trace(step)
+        with preserved_state(model):
+            state = list(_state(model))
+            before = [t._version for _, t in state]
+            gm = fx.symbolic_trace(step)
+            written = [name for (name, t), v in zip(state, before) if t._version != v]
+        if written:
+            # fx ran the write on the real tensor while tracing and recorded nothing
+            raise TraceError(f"symbolic trace wrote {written[0]!r} in place outside the "
+                             f"graph")
         tracer = "fx"
         _check_fx_outputs(gm, out_spec)
     except Exception as e:  # noqa: BLE001 - any failure means: try the other tracer
@@ -202,6 +212,11 @@ def input_specs(inputs: Sequence[Any]) -> tuple[tuple[tuple[int, ...], torch.dty
     """(shape, dtype) of each leaf of ``inputs`` that is a tensor, None for the others."""
     return tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None
                  for x in pytree.tree_leaves(tuple(inputs)))
+
+
+def _state(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    yield from model.named_parameters()
+    yield from model.named_buffers()
 
 
 def model_nodes(gm: fx.GraphModule) -> list[fx.Node]:
@@ -235,19 +250,114 @@ def block_of(path: str) -> str:
 
 
 def _classify(gm: fx.GraphModule, info: TraceInfo) -> None:
+    """Split the nodes into the model's and the loss's (`TraceInfo.loss_nodes`).
+
+    A node belongs to the model when a model output depends on it, by data flow or by
+    mutation: an in-place write (``copy_``, ``masked_fill_``, ``operator.setitem``, ...) into a
+    value that aliases one the model needs, or into a graph input or attribute (state the
+    user can observe). Such a write has no reader of its own: by data flow alone it would look
+    like dead code and never run (Hugging Face's ``shift_tokens_right`` fills a new tensor
+    this way). Everything else only computes the loss, or nothing, and is left to ``loss_fn``.
+    """
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     flat = pytree.tree_leaves(out_node.args[0])
     model_leaves = flat[:-1]
     info.model_outputs = [n.name for n in model_leaves if isinstance(n, fx.Node)]
+    nodes = model_nodes(gm)
+    group = alias_groups(gm)
+    writes = {n: w for n in nodes if (w := mutated_inputs(n))}
     needed: set[fx.Node] = set()
     stack = [n for n in model_leaves if isinstance(n, fx.Node)]
     while stack:
-        n = stack.pop()
-        if n in needed:
-            continue
-        needed.add(n)
-        stack.extend(n.all_input_nodes)
-    info.loss_nodes = {n.name for n in model_nodes(gm) if n not in needed}
+        while stack:
+            n = stack.pop()
+            if n in needed:
+                continue
+            needed.add(n)
+            stack.extend(n.all_input_nodes)
+        live = {group[n] for n in needed} | {group[n] for n in gm.graph.nodes
+                                             if n.op in ("placeholder", "get_attr")}
+        stack = [n for n, w in writes.items()
+                 if n not in needed and any(group[a] in live for a in w)]
+    info.loss_nodes = {n.name for n in nodes if n not in needed}
+
+
+#: fx-level callables that write into their first argument.
+_WRITES_FIRST = {operator.setitem, operator.iadd, operator.isub, operator.imul,
+                 operator.itruediv, operator.ifloordiv, operator.imod, operator.ipow,
+                 operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift}
+
+
+def mutated_inputs(node: fx.Node) -> list[fx.Node]:
+    """The input nodes ``node`` writes into in place. ATen ops say so in their schema
+    (``Tensor(a!)``); fx-level calls are recognised by ``operator.setitem`` and friends, a
+    trailing underscore (``x.add_``, ``torch.relu_``), ``inplace=True`` or an ``out=``."""
+    schema = getattr(node.target, "_schema", None)
+    if node.op == "call_function" and schema is not None:
+        return [x for a, arg in zip(_bound_args(node, schema), schema.arguments)
+                if arg.alias_info is not None and arg.alias_info.is_write for x in a]
+    first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    out = [node.kwargs["out"]] if isinstance(node.kwargs.get("out"), fx.Node) else []
+    name = getattr(node.target, "__name__", node.target) if node.op != "call_module" else ""
+    inplace = node.kwargs.get("inplace") is True or (
+        node.op == "call_module" and getattr(_module_of(node), "inplace", False) is True)
+    in_place_name = isinstance(name, str) and (
+        name.endswith("_") and not name.startswith("__") or name in ("__setitem__",))
+    if first is not None and (node.target in _WRITES_FIRST or inplace or in_place_name):
+        return [first, *out]
+    return out
+
+
+def _module_of(node: fx.Node) -> Any:
+    """The submodule a ``call_module`` node calls (None for other nodes)."""
+    owner = node.graph.owning_module
+    return owner.get_submodule(node.target) if node.op == "call_module" and owner else None
+
+
+def _bound_args(node: fx.Node, schema: Any) -> list[list[fx.Node]]:
+    """The nodes in each of an ATen node's arguments, in schema order (a ``Tensor[]``
+    argument holds several)."""
+    return [[x for x in pytree.tree_leaves(node.args[i] if i < len(node.args)
+                                           else node.kwargs.get(a.name))
+             if isinstance(x, fx.Node)]
+            for i, a in enumerate(schema.arguments)]
+
+
+#: fx-level methods and functions whose result is a view of their first argument.
+_VIEWS = {"view", "view_as", "reshape", "reshape_as", "transpose", "permute", "expand",
+          "expand_as", "narrow", "squeeze", "unsqueeze", "flatten", "unflatten", "t",
+          "select", "chunk", "split", "unbind", "as_strided", "detach", "contiguous",
+          "movedim", "moveaxis", "swapaxes", "swapdims", "unfold", "diagonal", "view_as_real",
+          "view_as_complex", "real", "imag", "getitem", "__getitem__"}
+
+
+def alias_groups(gm: fx.GraphModule) -> dict[fx.Node, int]:
+    """Each node's alias group: nodes whose values may share storage get the same id. ATen
+    ops alias the arguments their schema annotates (views and in-place ops, ``Tensor(a)``);
+    fx-level calls alias their first argument when they are views (`_VIEWS`, ``x[:, 1:]``)
+    or write into it (`mutated_inputs`); any other call is taken to allocate its result."""
+    parent: dict[fx.Node, fx.Node] = {n: n for n in gm.graph.nodes}
+
+    def root(n: fx.Node) -> fx.Node:
+        while parent[n] is not n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for n in model_nodes(gm):
+        schema = getattr(n.target, "_schema", None)
+        if n.op == "call_function" and schema is not None:
+            aliased = [x for a, arg in zip(_bound_args(n, schema), schema.arguments)
+                       if arg.alias_info is not None for x in a]
+        else:
+            name = getattr(n.target, "__name__", n.target) if n.op != "call_module" else ""
+            first = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
+            aliased = mutated_inputs(n) or ([first] if first is not None and name in _VIEWS
+                                            else [])
+        for a in aliased:
+            parent[root(a)] = root(n)
+    ids: dict[fx.Node, int] = {}
+    return {n: ids.setdefault(root(n), len(ids)) for n in gm.graph.nodes}
 
 
 def _check_fx_outputs(gm: fx.GraphModule, out_spec: pytree.TreeSpec) -> None:
