@@ -127,11 +127,12 @@ class CheckpointedModule(nn.Module):
         when they do not)."""
         if not kwargs:
             return args
+        signature = inspect.signature(self._model.forward)
         try:
-            bound = inspect.signature(self._model.forward).bind(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
         except (TypeError, ValueError):
             return None
-        names = list(inspect.signature(self._model.forward).parameters)
+        names = list(signature.parameters)
         given = list(bound.arguments)
         if given != names[:len(given)]:
             return None  # (a later parameter given while an earlier one is left out)
@@ -165,10 +166,9 @@ class CheckpointedModule(nn.Module):
     def _run(self, args: tuple[Any, ...]) -> Any:
         prog: Program = self._prog
         env = prog.inputs_env(args)
-        plain = not torch.is_grad_enabled()  # nothing to save: run it as is
         last = self._last_pos
         for region in self._regions:
-            if region.recompute and not plain:
+            if region.recompute:  # (`forward` comes here with gradients on only)
                 vals = [env[n] for n in region.inputs]
                 outs = checkpoint(
                     functools.partial(_run_region, prog, region, _Calls()), *vals,

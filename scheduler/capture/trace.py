@@ -266,6 +266,7 @@ def _classify(gm: fx.GraphModule, info: TraceInfo) -> None:
     nodes = model_nodes(gm)
     group = alias_groups(gm)
     writes = {n: w for n in nodes if (w := mutated_inputs(n))}
+    state = {group[n] for n in gm.graph.nodes if n.op in ("placeholder", "get_attr")}
     needed: set[fx.Node] = set()
     stack = [n for n in model_leaves if isinstance(n, fx.Node)]
     while stack:
@@ -275,8 +276,7 @@ def _classify(gm: fx.GraphModule, info: TraceInfo) -> None:
                 continue
             needed.add(n)
             stack.extend(n.all_input_nodes)
-        live = {group[n] for n in needed} | {group[n] for n in gm.graph.nodes
-                                             if n.op in ("placeholder", "get_attr")}
+        live = state | {group[n] for n in needed}
         stack = [n for n, w in writes.items()
                  if n not in needed and any(group[a] in live for a in w)]
     info.loss_nodes = {n.name for n in nodes if n not in needed}
