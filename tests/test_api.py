@@ -338,3 +338,13 @@ def test_apply_cost_graph_file(graphs: Callable[[str], CostGraph], build_example
     with pytest.raises(ScheduleError, match=r"schema: expected 'scheduler.schedule', got "
                                             r"'scheduler.costgraph'"):
         apply(model, tmp_path / "graph.json", inputs)
+
+
+def test_every_exported_name_resolves_to_its_own_object() -> None:
+    """The package loads its exports on first use: each name in ``__all__`` must come from a
+    module that defines it (a name left out of the loader, or a wrong module, fails here)."""
+    import importlib
+
+    for name in scheduler.__all__:
+        value = getattr(scheduler, name)
+        assert getattr(importlib.import_module(value.__module__), name) is value, name
