@@ -10,6 +10,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 import torch
@@ -17,14 +18,15 @@ import torch.nn as nn
 
 from .budget import budget_spec, infeasible_error, parse_budget
 from .capture.profile import profile_traced, traced_fingerprint
-from .capture.trace import as_tuple, trace
+from .capture.calls import call_inputs
+from .capture.trace import trace
 from .cost.estimate import Estimate
 from .cost.simulate import simulate
 from .ir.graph import CostGraph
 from .ir.schedule import Schedule, ScheduleError
 from .measurement.step import measure
 from .report import plot_timeline
-from .rewrite import CheckpointedModule, rewrite
+from .rewrite import rewrite
 from .solvers.base import INFEASIBLE, SolveResult, get_solver
 from .solvers.certify import solve_and_certify
 from .units import format_bytes, format_seconds
@@ -52,7 +54,7 @@ class Plan:
         unconstrained_peak_bytes: the predicted peak without checkpointing.
     """
 
-    module: CheckpointedModule
+    module: nn.Module
     schedule: Schedule
     estimate: Estimate
     status: str
@@ -126,15 +128,17 @@ class Plan:
                 "recomputed)")
 
 
-def apply(model: nn.Module, schedule: Schedule | str | Path, example_inputs: Sequence[Any], *,
-          loss_fn: Callable[[Any], torch.Tensor] | None = None) -> CheckpointedModule:
+def apply(model: nn.Module, schedule: Schedule | str | Path,
+          example_inputs: Sequence[Any] | Mapping[str, Any], *,
+          loss_fn: Callable[[Any], torch.Tensor] | None = None) -> nn.Module:
     """Return ``model`` with a saved schedule applied, without solving.
 
     Args:
         model: the model the schedule was solved for (not modified; the result shares its
             parameters).
         schedule: a `Schedule` or the path of one saved with ``Schedule.save``/``plan.save``.
-        example_inputs: inputs with the shapes the schedule was solved for.
+        example_inputs: inputs (positional, or a mapping of keywords) with the shapes the
+            schedule was solved for.
         loss_fn: the loss used when solving, if any.
 
     Raises:
@@ -143,7 +147,7 @@ def apply(model: nn.Module, schedule: Schedule | str | Path, example_inputs: Seq
     """
     if not isinstance(schedule, Schedule):
         schedule = Schedule.load(schedule)
-    inputs = as_tuple(example_inputs)
+    inputs = call_inputs(model, example_inputs)
     gm = trace(model, inputs, loss_fn=loss_fn)
     if schedule.fingerprint:
         fp = traced_fingerprint(gm, model, inputs)
@@ -194,7 +198,8 @@ def solve_graph(graph: CostGraph, budget: int | float | str, *, solver: str = "a
     return result
 
 
-def solve(model: nn.Module, example_inputs: Sequence[Any], *, budget: int | float | str,
+def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *,
+          budget: int | float | str,
           loss_fn: Callable[[Any], torch.Tensor] | None = None, solver: str = "auto",
           time_limit_s: float | None = 30.0, headroom: float = 0.0, repeats: int = 3,
           progress: Callable[[str], None] | None = None) -> Plan:
@@ -206,7 +211,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any], *, budget: int | floa
 
     Args:
         model: the model.
-        example_inputs: positional inputs with the shapes to plan for.
+        example_inputs: positional inputs with the shapes to plan for, or a mapping of
+            keyword inputs (a Hugging Face-style batch), bound to the model's ``forward``.
         budget: peak bytes of one forward + backward step, see `parse_budget`: ``"6GiB"``,
             ``6 * 2**30``, ``0.6`` or ``"60%"`` of the unconstrained predicted peak.
         loss_fn: ``loss_fn(output) -> scalar``; default `trace.default_loss_recipe`.
@@ -232,7 +238,7 @@ def solve(model: nn.Module, example_inputs: Sequence[Any], *, budget: int | floa
     budget_spec(budget)  # fail now, not after profiling
     get_solver(solver)
     say = progress or (lambda _msg: None)
-    inputs = as_tuple(example_inputs)
+    inputs = call_inputs(model, example_inputs)
     say("tracing")
     gm = trace(model, inputs, loss_fn=loss_fn)
     graph = profile_traced(gm, model, inputs, repeats=repeats, name=type(model).__name__,
