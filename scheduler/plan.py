@@ -7,6 +7,7 @@ the model into a `Plan`; ``solve_graph`` is the torch-free middle step on a `Cos
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from .capture.calls import call_inputs
 from .capture.trace import trace
 from .cost.estimate import Estimate
 from .cost.simulate import simulate
+from .distributed import same_schedule
 from .ir.graph import CostGraph
 from .ir.schedule import Schedule, ScheduleError
 from .measurement.step import measure
@@ -209,6 +211,13 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     Traces the model once, profiles one training step (``repeats`` timed repeats), solves
     (`solve_graph`) and rewrites the model (`rewrite`). The model is not modified.
 
+    Under ``torch.distributed`` (initialised, more than one rank) this is a collective: every
+    rank must call it, with the same model and input shapes, before wrapping ``plan.module``
+    in DDP or ``fully_shard``. Each rank profiles and solves, and rank 0's schedule is used
+    on every rank (`distributed.same_schedule`), so all ranks run the same step: the plan's
+    ``status`` and ``gap`` are rank 0's, its ``estimate`` the simulation of that schedule on
+    this rank's own profile.
+
     Args:
         model: the model.
         example_inputs: positional inputs with the shapes to plan for, or a mapping of
@@ -230,6 +239,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
         InfeasibleBudgetError: nothing fits; the message names the smallest feasible budget.
         TraceError: the model cannot be traced.
         ValueError: a bad budget (checked before profiling), solver name or headroom.
+        ScheduleError: under ``torch.distributed``, rank 0's schedule does not fit the graph
+            of some rank (another model or input shapes); raised on every rank, naming it.
 
     Example:
         >>> plan = scheduler.solve(model, (x,), budget="60%", solver="greedy")  # doctest: +SKIP
@@ -247,6 +258,10 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     result = solve_graph(graph, budget, solver=solver, time_limit_s=time_limit_s,
                          headroom=headroom)
     assert result.schedule is not None and result.estimate is not None, result
+    schedule = same_schedule(result.schedule, graph=graph)  # rank 0's, under torch.distributed
+    if schedule is not result.schedule:
+        result = dataclasses.replace(result, schedule=schedule, estimate=simulate(graph, schedule),
+                                     status=schedule.status, gap=schedule.gap)
     unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
     return Plan(module=rewrite(gm, result.schedule, model), schedule=result.schedule,
                 estimate=result.estimate, status=result.status, gap=result.gap,
