@@ -50,15 +50,18 @@ class _Region:
 
 
 class CheckpointedStep:
-    """The model part of a traced step with ``schedule`` applied.
+    """The model part of a traced step with ``schedule`` applied; ``root`` is the module that
+    stands for the traced model at run time (`capture.program.Program`).
 
     Raises:
         ScheduleError: the schedule's regions do not name the graph's model nodes in order,
             or a recompute region would replay a value written in place after it.
     """
 
-    def __init__(self, gm: fx.GraphModule, schedule: Schedule):
-        self.prog = Program(gm)
+    def __init__(self, gm: fx.GraphModule, schedule: Schedule, root: nn.Module | None = None):
+        # (attributes are read from ``root``, the planned module, at each run: what a wrapper
+        # such as FSDP2's fully_shard swaps in is what the step uses)
+        self.prog = Program(gm, root=root)
         self.schedule = schedule
         self.regions = _plan(self.prog, schedule)
 

@@ -41,6 +41,7 @@ import torch.nn as nn
 
 from .capture.calls import autocast_state, bind_call, input_constants, input_specs, module_copy
 from .capture.trace import trace
+from .distributed import check_wrapping, hook_ids
 from .ir.schedule import Schedule, ScheduleError
 from .regions import CheckpointedStep
 
@@ -61,12 +62,12 @@ def rewrite(gm: fx.GraphModule, schedule: Schedule, model: nn.Module) -> nn.Modu
         ScheduleError: the schedule does not match the graph, or a recompute region would
             replay a value written in place after it (the message names the op).
     """
-    step = CheckpointedStep(gm, schedule)
     module = module_copy(model)
+    step = CheckpointedStep(gm, schedule, root=module)
     base = model.__dict__.get("forward")
     if isinstance(base, PlanForward):
         base = base.base
-    module.__dict__["forward"] = PlanForward(module, step, base)
+    module.__dict__["forward"] = PlanForward(module, step, base, known_hooks=hook_ids(model))
     return module
 
 
@@ -87,8 +88,10 @@ class PlanForward:
     """
 
     def __init__(self, module: nn.Module, step: CheckpointedStep,
-                 base: Callable[..., Any] | None = None):
+                 base: Callable[..., Any] | None = None, *,
+                 known_hooks: frozenset[int] = frozenset()):
         self.module = module
+        self.known_hooks = known_hooks  # hooks there were when it was traced (in the graph)
         self.schedule = step.schedule
         self.info = step.info
         self.loss_fn: Callable[[Any], torch.Tensor] = step.info.loss_fn
@@ -125,6 +128,7 @@ class PlanForward:
             self._warn_fallback(why)
             return self._own_forward(*args, **kwargs)
         self._warn_unplanned(positional)
+        check_wrapping(self.module, step.prog.called_modules, known=self.known_hooks)
         return step(positional)
 
     def _own_forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -186,7 +190,7 @@ class PlanForward:
     def _trace(self, args: tuple[Any, ...]) -> CheckpointedStep | str:
         try:
             gm = trace(self.module, args, loss_fn=self.loss_fn)
-            return CheckpointedStep(gm, self.schedule)
+            return CheckpointedStep(gm, self.schedule, root=self.module)
         except (ScheduleError, RuntimeError) as e:
             return (f"at these inputs the model traces to another graph than the one the "
                     f"plan was made for ({_first_line(e)}); solve for these inputs")

@@ -194,11 +194,6 @@ def test_fsdp2_at_the_root_gives_the_concatenated_batch_gradients(
             torch.testing.assert_close(rec["fsdp"][name], ref, msg=lambda m, n=name: f"{n}: {m}")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rewrite.py builds its Program(gm) without root=: a parameter the graph reads directly "
-    "(get_attr) is read from the traced graph's copy of the attribute path, not from the "
-    "module FSDP2 swaps its unsharded parameters into, so it gets no gradient; "
-    "CheckpointedModule must build Program(gm, root=self)"))
 def test_fsdp2_at_the_root_reaches_parameters_read_directly(
         ranks: list[dict[str, Any]], reference: dict[str, torch.Tensor]) -> None:
     for rec in ranks:
@@ -212,8 +207,10 @@ def test_per_block_fsdp2_is_refused_naming_the_block(ranks: list[dict[str, Any]]
         msg = rec["block_check"]
         assert msg is not None and "UnsupportedWrappingError" in msg
         assert "submodule 'blocks.0' (Block) is wrapped by FSDP2" in msg and "fully_shard(plan.module)" in msg
-        # run anyway, the step meets the blocks' sharded parameters
-        assert rec["block_run"] is not None and "DTensor" in rec["block_run"]
+        # the plan's own forward refuses it the same way, before any op meets a DTensor
+        run = rec["block_run"]
+        assert run is not None and run.startswith("UnsupportedWrappingError"), run
+        assert "submodule 'blocks.0' (Block) is wrapped by FSDP2" in run
 
 
 def test_a_rank_whose_graph_differs_is_named_on_every_rank(
