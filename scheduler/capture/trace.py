@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -24,6 +23,7 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
+from . import usercode
 from .calls import as_tuple, autocast_state, bare_copy, input_constants, input_specs
 
 __all__ = ["trace", "TraceError", "TraceInfo", "LossRecipe", "alias_groups", "as_tuple",
@@ -33,7 +33,6 @@ __all__ = ["trace", "TraceError", "TraceInfo", "LossRecipe", "alias_groups", "as
 #: Name of the attribute that holds the user's model inside the traced wrapper.
 MODEL_ATTR = "model"
 _SKIP_TARGETS = {"_guards_fn"}  # export's input guards: not part of the computation
-_STEP_FILE = "<scheduler step>"  # file name of the generated `_Step.forward`
 
 
 class TraceError(RuntimeError):
@@ -103,6 +102,8 @@ class TraceInfo:
     # the non-tensor leaves of those inputs (`input_constants`): both tracers bake them in
     constants: tuple[Any, ...] = ()
     autocast: tuple[tuple[str, torch.dtype], ...] = ()  # `autocast_state` while it was traced
+    user_checkpoints: tuple[str, ...] = ()  # "file:line" of the model's own checkpoint calls
+    unfired_hooks: tuple[usercode.LostHook, ...] = ()  # hooks the plan's step does not run
 
 
 class _Step(nn.Module):
@@ -124,7 +125,7 @@ def _step_module(model: nn.Module, loss_fn: Callable[[Any], torch.Tensor],
            f"    out = self.model({names})\n"
            f"    return out, self.loss_fn(out)\n")
     scope: dict[str, Any] = {}
-    exec(compile(src, _STEP_FILE, "exec"), scope)  # noqa: S102 - fixed template
+    exec(compile(src, usercode.STEP_FILE, "exec"), scope)  # noqa: S102 - fixed template
     cls = type("_Step", (_Step,), {"forward": scope["forward"]})
     return cls(model, loss_fn)
 
@@ -163,11 +164,20 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
     Raises:
         TraceError: if neither ``torch.fx.symbolic_trace`` nor ``torch.export`` can capture
             the model; the message names the failing op or line and what to do.
+
+    Warns:
+        UserCodeWarning: naming the model's own checkpoint calls and hooks the plan won't run.
+
+    Limitation: the graph holds tensor operations only. Python side effects in ``forward`` (a
+    counter, appending to a list, printing, reading a global) run while tracing and profiling,
+    several times during `solve`, and never in the plan's training step. They cannot be
+    detected in general: keep them out of ``forward`` (in the loop, or a root-module hook).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     inputs = as_tuple(example_inputs)
-    with preserved_state(model), torch.no_grad():
+    watch = usercode.Watch()  # the model's own checkpoint calls run as plain calls
+    with preserved_state(model), torch.no_grad(), watch.running():
         out = model(*inputs)
         if loss_fn is None:
             loss_fn = default_loss_recipe(out)
@@ -178,39 +188,43 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
     _, out_spec = pytree.tree_flatten((out, loss))
     step = _step_module(bare_copy(model), loss_fn, len(inputs))
 
-    fx_error = ""
-    try:
-        with preserved_state(model):
-            state = list(_state(model))
-            before = [t._version for _, t in state]
-            gm = fx.symbolic_trace(step)
-            written = [name for (name, t), v in zip(state, before) if t._version != v]
-        if written:
-            # fx ran the write on the real tensor while tracing and recorded nothing
-            raise TraceError(f"symbolic trace wrote {written[0]!r} in place outside the "
-                             f"graph")
-        tracer = "fx"
-        _check_fx_outputs(gm, out_spec)
-    except Exception as e:  # noqa: BLE001 - any failure means: try the other tracer
-        fx_error = _first_line(e)
+    with watch.running():
+        fx_error = ""
         try:
             with preserved_state(model):
-                ep = torch.export.export(step, inputs, strict=False)
-            gm = ep.module()
-            tracer = "export"
-        except Exception as e2:  # noqa: BLE001
-            raise TraceError(
-                f"could not trace {type(model).__name__}: torch.fx.symbolic_trace failed with "
-                f"{fx_error}; torch.export failed with {_first_line(e2)}{_where(e2)}. "
-                "Make the failing line free of data-dependent Python control flow (branch on "
-                "shapes, not tensor values; use torch.where), move it into the loss via "
-                "loss_fn=..., or wrap the model so it returns tensors only") from e2
+                state = list(_state(model))
+                before = [t._version for _, t in state]
+                gm = fx.symbolic_trace(step)
+                written = [name for (name, t), v in zip(state, before) if t._version != v]
+            if written:
+                # fx ran the write on the real tensor while tracing and recorded nothing
+                raise TraceError(f"symbolic trace wrote {written[0]!r} in place outside the "
+                                 f"graph")
+            tracer = "fx"
+            _check_fx_outputs(gm, out_spec)
+        except Exception as e:  # noqa: BLE001 - any failure means: try the other tracer
+            fx_error = _first_line(e)
+            try:
+                with preserved_state(model):
+                    ep = torch.export.export(step, inputs, strict=False)
+                gm = ep.module()
+                tracer = "export"
+            except Exception as e2:  # noqa: BLE001
+                raise TraceError(
+                    f"could not trace {type(model).__name__}: torch.fx.symbolic_trace failed with "
+                    f"{fx_error}; torch.export failed with {_first_line(e2)}{usercode.where(e2)}. "
+                    "Make the failing line free of data-dependent Python control flow (branch on "
+                    "shapes, not tensor values; use torch.where), move it into the loss via "
+                    "loss_fn=..., or wrap the model so it returns tensors only") from e2
+    kept = [module_path(n) for n in model_nodes(gm) if n.op == "call_module"]  # fx's leaves
     info = TraceInfo(tracer=tracer, out_spec=out_spec, loss_fn=loss_fn,
                      fallback_reason=fx_error, training=model.training,
                      input_specs=input_specs(inputs), constants=input_constants(inputs),
-                     autocast=autocast_state())
+                     autocast=autocast_state(), user_checkpoints=tuple(watch.checkpoints),
+                     unfired_hooks=usercode.unfired_hooks(model, watch.called, kept))
     _classify(gm, info)
     gm.meta["scheduler"] = info
+    usercode.warn_user_code(type(model).__name__, tracer, watch.checkpoints, info.unfired_hooks)
     return gm
 
 
@@ -371,18 +385,3 @@ def _check_fx_outputs(gm: fx.GraphModule, out_spec: pytree.TreeSpec) -> None:
 def _first_line(e: BaseException) -> str:
     msg = str(e).strip().splitlines()
     return f"{type(e).__name__}: {msg[0] if msg else ''}"[:400]
-
-
-def _where(e: BaseException) -> str:
-    """The innermost user-code frame of a traceback, as ' (at file:line: code)'."""
-    import traceback
-
-    # torch's and this package's own files, by location: a user's file may well live under a
-    # directory that is merely *named* "scheduler" or "torch" (e.g. a checkout of this project)
-    own = tuple(os.path.dirname(os.path.abspath(f)) + os.sep for f in (torch.__file__, __file__))
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if f.filename != _STEP_FILE and not os.path.abspath(f.filename).startswith(own)]
-    if not frames:
-        return ""
-    f = frames[-1]
-    return f" (at {f.filename}:{f.lineno}: {f.line})"
