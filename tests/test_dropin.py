@@ -228,3 +228,25 @@ def test_another_autocast_state_runs_the_plan_and_warns() -> None:
             got = step(plan.module, x)
         want = step(gpt_example(), x)
     assert_same(got, want)
+
+
+@pytest.mark.parametrize("build", [gpt_example, gpt2], ids=["gpt", "gpt2"])
+def test_a_plan_solved_under_autocast_fits_its_budget_there(build: Callable[[], nn.Module]
+                                                            ) -> None:
+    x = ids(2, 16) if build is gpt2 else torch.randint(0, 64, (2, 16))
+    inputs = {"input_ids": x, "labels": x} if build is gpt2 else (x,)
+    model = build()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        own = scheduler.measure(model, inputs, repeats=1).peak_bytes
+        plan = scheduler.solve(model, inputs, budget=int(own * 0.97), solver="auto",
+                               time_limit_s=5, repeats=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # the autocast it was solved in
+            got = scheduler.measure(plan.module, inputs, repeats=1).peak_bytes
+        assert got <= plan.budget_bytes
+        assert abs(plan.estimate.peak_bytes - got) <= 0.03 * got, (plan.estimate.peak_bytes, got)
+        assert_same(step(plan.module, **_kw(inputs)), step(build(), **_kw(inputs)))
+
+
+def _kw(inputs: Any) -> dict[str, Any]:
+    return inputs if isinstance(inputs, dict) else {"idx": inputs[0]}
