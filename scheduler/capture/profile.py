@@ -31,7 +31,8 @@ from ..measurement.step import measure
 from ..measurement.storage import StorageTracker
 from .program import Program
 from .timing import GradFnIndex, checkpoint_costs, time_steps
-from .trace import as_tuple, block_of, module_path, preserved_state, trace
+from .calls import call_inputs
+from .trace import block_of, module_path, preserved_state, trace
 
 __all__ = ["profile", "profile_traced", "traced_fingerprint"]
 
@@ -44,7 +45,8 @@ def profile(model: nn.Module, example_inputs: Sequence[Any], *,
 
     Args:
         model: the model (not modified).
-        example_inputs: positional inputs with the shapes to plan for.
+        example_inputs: positional inputs with the shapes to plan for, or a mapping of
+            keyword inputs (`calls.call_inputs`).
         loss_fn: ``loss_fn(output) -> scalar``; default: `trace.default_loss_recipe`.
         repeats: timed steps per measurement (medians are kept), after one warm-up.
         name: the graph's name (default: the model's class name).
@@ -56,7 +58,7 @@ def profile(model: nn.Module, example_inputs: Sequence[Any], *,
     Raises:
         TraceError: the model cannot be traced (see `trace`).
     """
-    inputs = as_tuple(example_inputs)
+    inputs = call_inputs(model, example_inputs)
     say = progress or (lambda _msg: None)
     say("tracing")
     gm = trace(model, inputs, loss_fn=loss_fn)

@@ -120,10 +120,18 @@ def _check_result(result: Any, spec: str) -> tuple[Any, tuple[Any, ...], Callabl
         inputs = (inputs,)
     elif isinstance(inputs, (tuple, list)):
         inputs = tuple(inputs)
+    elif isinstance(inputs, dict):
+        from ..capture.calls import call_inputs  # deferred, as torch above
+
+        try:
+            inputs = call_inputs(model, inputs)
+        except TypeError as e:
+            raise SpecError(f"factory {spec!r} returned keyword inputs that do not bind: {e}"
+                            ) from None
     else:
         raise SpecError(
-            f"factory {spec!r} returned {_describe(inputs)} as the inputs; "
-            "expected a tensor or a tuple of the model's positional arguments"
+            f"factory {spec!r} returned {_describe(inputs)} as the inputs; expected a tensor, "
+            "a tuple of the model's positional arguments or a dict of keyword arguments"
         )
     if loss_fn is not None and not callable(loss_fn):
         raise SpecError(

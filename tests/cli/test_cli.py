@@ -94,6 +94,35 @@ def test_load_factory_module_spec_from_current_directory(tmp_path, monkeypatch):
     assert len(inputs) == 1 and loss_fn is None
 
 
+KEYWORD_FACTORY = """
+import torch
+import torch.nn as nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x, mask=None, scale=2.0, target=None):
+        return self.lin(x) * scale
+
+def build():
+    return Net(), {"x": torch.ones(2, 3), "target": torch.zeros(2, 3)}
+
+def unbindable():
+    return Net(), {"y": torch.ones(2, 3)}
+"""
+
+
+def test_load_factory_binds_keyword_inputs_to_the_signature(tmp_path):
+    path = write(tmp_path, "kw.py", KEYWORD_FACTORY)
+    model, inputs, _ = load_factory(f"{path}:build")
+    assert len(inputs) == 4 and inputs[1] is None and inputs[2] == 2.0  # defaults filled in
+    assert torch.equal(inputs[0], torch.ones(2, 3)) and torch.equal(inputs[3], torch.zeros(2, 3))
+    with pytest.raises(SpecError, match=r"keyword inputs that do not bind: .*\['y'\]"):
+        load_factory(f"{path}:unbindable")
+
+
 def test_load_factory_module_spec_wrong_shape():
     with pytest.raises(SpecError, match=r"'torch.nn:Identity' returned a Identity; expected"):
         load_factory("torch.nn:Identity")  # a class with no required arguments: callable, wrong result
@@ -179,7 +208,7 @@ def needs_args(size):
         ("returns_one", ["returned a tuple of 1 (Linear)", "expected (model, inputs)"]),
         ("returns_four", ["returned a tuple of 4", "expected (model, inputs)"]),
         ("model_not_module", ["returned a str as the model", "nn.Module"]),
-        ("inputs_not_tensor", ["returned a int as the inputs", "expected a tensor or a tuple"]),
+        ("inputs_not_tensor", ["returned a int as the inputs", "expected a tensor, a tuple"]),
         ("loss_not_callable", ["returned a int as loss_fn", "expected a callable or None"]),
         ("raises", ["raised RuntimeError: boom second line"]),
         ("needs_args", ["requires arguments (size)"]),
