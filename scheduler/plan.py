@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn as nn
 
 from .budget import budget_spec, infeasible_error, parse_budget
-from .capture.profile import profile_traced, traced_fingerprint
 from .capture.calls import call_inputs
+from .capture.profile import profile_traced, traced_fingerprint
 from .capture.trace import trace
+from .capture.usercode import UserCodeWarning
 from .cost.estimate import Estimate
 from .cost.simulate import simulate
 from .distributed import same_schedule
@@ -34,6 +36,7 @@ from .solvers.certify import solve_and_certify
 from .units import format_bytes, format_seconds
 
 __all__ = ["Plan", "apply", "solve", "solve_graph"]
+
 
 @dataclass(eq=False, repr=False)
 class Plan:
@@ -54,6 +57,9 @@ class Plan:
         budget_bytes: the budget asked for, in bytes (``result.budget_bytes`` is what the
             solver got, after any headroom).
         unconstrained_peak_bytes: the predicted peak without checkpointing.
+        own_peak_bytes: for a model that calls ``torch.utils.checkpoint`` itself (which the
+            plan replaces), the measured peak of its own step with that checkpointing; else
+            None.
     """
 
     module: nn.Module
@@ -66,6 +72,7 @@ class Plan:
     result: SolveResult
     budget_bytes: int
     unconstrained_peak_bytes: int = field(default=0)
+    own_peak_bytes: int | None = None
 
     def save(self, path: str | Path) -> None:
         """Write the schedule as JSON, to re-apply later with `scheduler.apply`."""
@@ -116,6 +123,8 @@ class Plan:
             f"{format_seconds(self.solve_s)}",
             f"  budget          {format_bytes(self.budget_bytes)}",
             f"  predicted peak  {format_bytes(e.peak_bytes)}{unconstrained}",
+            *([f"  your model      {format_bytes(self.own_peak_bytes)} measured, with its own "
+               f"checkpointing"] if self.own_peak_bytes is not None else []),
             f"  recompute       {format_seconds(e.recompute_s)} "
             f"(+{e.overhead:.1%} of the step, {format_seconds(e.step_s)} in all)",
             f"  regions         {len(self.schedule.regions)} ({rc} recomputed)",
@@ -263,8 +272,30 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
         result = dataclasses.replace(result, schedule=schedule, estimate=simulate(graph, schedule),
                                      status=schedule.status, gap=schedule.gap)
     unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
+    budget_bytes = parse_budget(budget, unconstrained)
+    own = _own_peak(gm, model, inputs, budget_bytes, result.estimate, say)
     return Plan(module=rewrite(gm, result.schedule, model), schedule=result.schedule,
                 estimate=result.estimate, status=result.status, gap=result.gap,
                 solve_s=result.solve_s, graph=graph, result=result,
-                budget_bytes=parse_budget(budget, unconstrained),
-                unconstrained_peak_bytes=unconstrained)
+                budget_bytes=budget_bytes, unconstrained_peak_bytes=unconstrained,
+                own_peak_bytes=own)
+
+
+def _own_peak(gm: Any, model: nn.Module, inputs: tuple[Any, ...], budget_bytes: int,
+              estimate: Estimate, say: Callable[[str], None]) -> int | None:
+    """For a model that checkpoints itself, measure its own step's peak (it runs: the user
+    trains it) and warn with it beside the plan's budget, so that a fraction of the peak
+    without checkpointing is not mistaken for one of the model's real peak."""
+    info = gm.meta["scheduler"]
+    if not info.user_checkpoints:
+        return None
+    say("measuring the model with its own checkpointing")
+    own = measure(model, inputs, loss_fn=info.loss_fn, repeats=1).peak_bytes
+    warnings.warn(
+        f"{type(model).__name__} with its own checkpointing measured a peak of "
+        f"{format_bytes(own)}; the plan replaces that checkpointing, with a budget of "
+        f"{format_bytes(budget_bytes)} ({budget_bytes / own:.0%} of it) and a predicted peak of "
+        f"{format_bytes(estimate.peak_bytes)} ({estimate.peak_bytes / own:.0%}). Give the budget "
+        f"in bytes, or as a fraction of {format_bytes(own)}, to plan against what your model "
+        f"uses now", UserCodeWarning, stacklevel=3)
+    return own

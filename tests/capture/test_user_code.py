@@ -271,3 +271,22 @@ def test_global_module_hooks_are_named() -> None:
         handle.remove()
     assert [(h.module, h.kind) for h in info.unfired_hooks] == [(None, "forward hook")]
     assert "on every module (global; the inlined ones will not run it)" in str(caught[0].message)
+
+
+def test_a_plan_for_a_checkpointed_model_names_its_measured_own_peak() -> None:
+    torch.manual_seed(0)
+    model, x = Net("non-reentrant"), torch.randn(512, 8)  # activations outweigh parameters
+    own = scheduler.measure(model, (x,), repeats=1).peak_bytes  # the model as the user runs it
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan = scheduler.solve(model, (x,), budget=1.0, solver="none", repeats=1)
+    assert plan.own_peak_bytes == own
+    assert own < plan.unconstrained_peak_bytes  # its own checkpointing saves something
+    said = [str(w.message) for w in caught if "measured a peak of" in str(w.message)]
+    assert len(said) == 1 and f"{plan.budget_bytes / own:.0%} of it" in said[0]
+    assert "your model" in plan.summary()
+
+
+def test_a_plan_for_a_plain_model_measures_nothing_more() -> None:
+    plan = scheduler.solve(Net(), (X,), budget=1.0, solver="none", repeats=1)
+    assert plan.own_peak_bytes is None and "your model" not in plan.summary()
