@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         module = scheduler.apply(fresh, path, fresh_inputs)
         m = scheduler.measure(module, fresh_inputs, repeats=1)
         same = scheduler.measure(plan.module, inputs, repeats=1).loss == m.loss
-    print(f"re-applied: {len(module.schedule.recompute_regions)} recompute regions; measured "
+    print(f"re-applied: {len(scheduler.planned(module).schedule.recompute_regions)} recompute regions; measured "
           f"peak {format_bytes(m.peak_bytes)} (predicted "
           f"{format_bytes(plan.estimate.peak_bytes)}), step {format_seconds(m.step_s)}; "
           f"same loss as the plan's module: {same}")

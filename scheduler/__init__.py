@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .measurement.breakdown import StepBreakdown, measure_training_step
     from .measurement.step import Measurement, measure
     from .plan import Plan, apply, solve, solve_graph
+    from .rewrite import PlanForward, planned
     from .workflows.advice import Advice
     from .workflows.advise import advise
     from .workflows.compare import Comparison, compare
@@ -38,6 +39,7 @@ _SOURCES = {
     ".measurement.breakdown": ("StepBreakdown", "measure_training_step"),
     ".measurement.step": ("Measurement", "measure"),
     ".plan": ("Plan", "apply", "solve", "solve_graph"),
+    ".rewrite": ("PlanForward", "planned"),
     ".workflows.advice": ("Advice",),
     ".workflows.advise": ("advise",),
     ".workflows.compare": ("Comparison", "compare"),
@@ -46,10 +48,10 @@ _SOURCES = {
 _SOURCE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 
 __all__ = ["Advice", "Comparison", "CostGraph", "CostGraphError", "Estimate",
-           "InfeasibleBudgetError", "MaxBatch", "Measurement", "Plan", "Region", "Schedule",
-           "ScheduleError", "StepBreakdown", "TraceError", "advise", "apply", "compare",
-           "max_batch", "measure", "measure_training_step", "parse_budget", "profile",
-           "simulate", "solve", "solve_graph", "trace"]
+           "InfeasibleBudgetError", "MaxBatch", "Measurement", "Plan", "PlanForward", "Region",
+           "Schedule", "ScheduleError", "StepBreakdown", "TraceError", "advise", "apply",
+           "compare", "max_batch", "measure", "measure_training_step", "parse_budget",
+           "planned", "profile", "simulate", "solve", "solve_graph", "trace"]
 __version__ = "0.1.0"
 
 

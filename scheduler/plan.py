@@ -7,9 +7,11 @@ the model into a `Plan`; ``solve_graph`` is the torch-free middle step on a `Cos
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 import torch
@@ -17,14 +19,16 @@ import torch.nn as nn
 
 from .budget import budget_spec, infeasible_error, parse_budget
 from .capture.profile import profile_traced, traced_fingerprint
-from .capture.trace import as_tuple, trace
+from .capture.calls import call_inputs
+from .capture.trace import trace
 from .cost.estimate import Estimate
 from .cost.simulate import simulate
+from .distributed import same_schedule
 from .ir.graph import CostGraph
 from .ir.schedule import Schedule, ScheduleError
 from .measurement.step import measure
 from .report import plot_timeline
-from .rewrite import CheckpointedModule, rewrite
+from .rewrite import rewrite
 from .solvers.base import INFEASIBLE, SolveResult, get_solver
 from .solvers.certify import solve_and_certify
 from .units import format_bytes, format_seconds
@@ -52,7 +56,7 @@ class Plan:
         unconstrained_peak_bytes: the predicted peak without checkpointing.
     """
 
-    module: CheckpointedModule
+    module: nn.Module
     schedule: Schedule
     estimate: Estimate
     status: str
@@ -126,15 +130,17 @@ class Plan:
                 "recomputed)")
 
 
-def apply(model: nn.Module, schedule: Schedule | str | Path, example_inputs: Sequence[Any], *,
-          loss_fn: Callable[[Any], torch.Tensor] | None = None) -> CheckpointedModule:
+def apply(model: nn.Module, schedule: Schedule | str | Path,
+          example_inputs: Sequence[Any] | Mapping[str, Any], *,
+          loss_fn: Callable[[Any], torch.Tensor] | None = None) -> nn.Module:
     """Return ``model`` with a saved schedule applied, without solving.
 
     Args:
         model: the model the schedule was solved for (not modified; the result shares its
             parameters).
         schedule: a `Schedule` or the path of one saved with ``Schedule.save``/``plan.save``.
-        example_inputs: inputs with the shapes the schedule was solved for.
+        example_inputs: inputs (positional, or a mapping of keywords) with the shapes the
+            schedule was solved for.
         loss_fn: the loss used when solving, if any.
 
     Raises:
@@ -143,7 +149,7 @@ def apply(model: nn.Module, schedule: Schedule | str | Path, example_inputs: Seq
     """
     if not isinstance(schedule, Schedule):
         schedule = Schedule.load(schedule)
-    inputs = as_tuple(example_inputs)
+    inputs = call_inputs(model, example_inputs)
     gm = trace(model, inputs, loss_fn=loss_fn)
     if schedule.fingerprint:
         fp = traced_fingerprint(gm, model, inputs)
@@ -194,7 +200,8 @@ def solve_graph(graph: CostGraph, budget: int | float | str, *, solver: str = "a
     return result
 
 
-def solve(model: nn.Module, example_inputs: Sequence[Any], *, budget: int | float | str,
+def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *,
+          budget: int | float | str,
           loss_fn: Callable[[Any], torch.Tensor] | None = None, solver: str = "auto",
           time_limit_s: float | None = 30.0, headroom: float = 0.0, repeats: int = 3,
           progress: Callable[[str], None] | None = None) -> Plan:
@@ -204,9 +211,17 @@ def solve(model: nn.Module, example_inputs: Sequence[Any], *, budget: int | floa
     Traces the model once, profiles one training step (``repeats`` timed repeats), solves
     (`solve_graph`) and rewrites the model (`rewrite`). The model is not modified.
 
+    Under ``torch.distributed`` (initialised, more than one rank) this is a collective: every
+    rank must call it, with the same model and input shapes, before wrapping ``plan.module``
+    in DDP or ``fully_shard``. Each rank profiles and solves, and rank 0's schedule is used
+    on every rank (`distributed.same_schedule`), so all ranks run the same step: the plan's
+    ``status`` and ``gap`` are rank 0's, its ``estimate`` the simulation of that schedule on
+    this rank's own profile.
+
     Args:
         model: the model.
-        example_inputs: positional inputs with the shapes to plan for.
+        example_inputs: positional inputs with the shapes to plan for, or a mapping of
+            keyword inputs (a Hugging Face-style batch), bound to the model's ``forward``.
         budget: peak bytes of one forward + backward step, see `parse_budget`: ``"6GiB"``,
             ``6 * 2**30``, ``0.6`` or ``"60%"`` of the unconstrained predicted peak.
         loss_fn: ``loss_fn(output) -> scalar``; default `trace.default_loss_recipe`.
@@ -224,6 +239,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any], *, budget: int | floa
         InfeasibleBudgetError: nothing fits; the message names the smallest feasible budget.
         TraceError: the model cannot be traced.
         ValueError: a bad budget (checked before profiling), solver name or headroom.
+        ScheduleError: under ``torch.distributed``, rank 0's schedule does not fit the graph
+            of some rank (another model or input shapes); raised on every rank, naming it.
 
     Example:
         >>> plan = scheduler.solve(model, (x,), budget="60%", solver="greedy")  # doctest: +SKIP
@@ -232,7 +249,7 @@ def solve(model: nn.Module, example_inputs: Sequence[Any], *, budget: int | floa
     budget_spec(budget)  # fail now, not after profiling
     get_solver(solver)
     say = progress or (lambda _msg: None)
-    inputs = as_tuple(example_inputs)
+    inputs = call_inputs(model, example_inputs)
     say("tracing")
     gm = trace(model, inputs, loss_fn=loss_fn)
     graph = profile_traced(gm, model, inputs, repeats=repeats, name=type(model).__name__,
@@ -241,6 +258,10 @@ def solve(model: nn.Module, example_inputs: Sequence[Any], *, budget: int | floa
     result = solve_graph(graph, budget, solver=solver, time_limit_s=time_limit_s,
                          headroom=headroom)
     assert result.schedule is not None and result.estimate is not None, result
+    schedule = same_schedule(result.schedule, graph=graph)  # rank 0's, under torch.distributed
+    if schedule is not result.schedule:
+        result = dataclasses.replace(result, schedule=schedule, estimate=simulate(graph, schedule),
+                                     status=schedule.status, gap=schedule.gap)
     unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
     return Plan(module=rewrite(gm, result.schedule, model), schedule=result.schedule,
                 estimate=result.estimate, status=result.status, gap=result.gap,

@@ -1,388 +1,236 @@
-"""The rewriter: ``(traced GraphModule, Schedule) -> nn.Module`` with checkpointed regions.
+"""The planned module: the user's model with a schedule applied, as a drop-in.
 
-`CheckpointedModule` is a drop-in for the user's model: it registers the model's own child
-modules, parameters and buffers under the same names (so ``state_dict`` keys and parameter
-objects are the original's) and returns the model's output. Each ``recompute`` region runs
-under ``torch.utils.checkpoint.checkpoint(use_reentrant=False, preserve_rng_state=True)``;
-a region with a save set adds a selective-checkpoint policy that marks every op of those nodes
-MUST_SAVE. Buffers a region mutates in forward (BatchNorm running statistics) are restored after
-its replay in backward, so they are updated once per step.
+`rewrite` returns a *copy of the user's model object*: the same class (so its methods and
+attributes, a Hugging Face model's ``.config``, ``.generate`` and ``save_pretrained``, are all
+there), sharing its submodules, parameter and buffer objects (so ``state_dict`` keys are the
+same and an optimizer built on the original's parameters trains it), with its own hook and
+attribute dictionaries (a hook registered on the copy is not registered on the original). Only
+its ``forward`` differs: an instance attribute, a `PlanForward`, which runs the scheduled
+traced step (`regions.CheckpointedStep`) for a training call and the model's own ``forward``
+otherwise. The model's own ``__call__`` is kept, so hooks on the root module fire as usual.
 
-Outside a training step it computes, the module runs the model's own ``forward``: with
-gradients off (``torch.no_grad``, ``inference_mode``: nothing would be saved), in another mode
-than the one it was traced in (``.eval()`` after a training-mode trace: dropout off, BatchNorm's
-running statistics, as the model does it), with keyword arguments that do not map onto the
-traced positional inputs, and, for a graph captured by ``torch.export`` (specialised to the
-traced shapes), with inputs of other shapes or dtypes. Such a call computes exactly what the
-model computes, without checkpointing; a training step that falls back warns once per cause,
-naming it, since its memory is not what the plan predicted.
+When the plan runs, and when the model's own forward runs instead:
 
-This is the only module that builds modules.
+* **Training calls** (gradients on, the mode it was traced in) with the positional inputs it
+  was traced with, or keywords that fill them in order, run the plan.
+* **Other shapes, other non-tensor arguments, another autocast state**: the step is traced
+  again for that call (once per distinct call signature, up to `MAX_TRACES`) and runs the
+  same schedule, when the model traces to the same nodes there; a warning says once that the
+  plan's memory was predicted for the shapes it was solved at, not these.
+* Everything else runs the model's own ``forward``, computing exactly what the model
+  computes: gradients off (``torch.no_grad``, ``inference_mode``: nothing would be saved),
+  another mode than the one traced (``.eval()`` after a training-mode trace), keyword
+  arguments that leave a traced input out or fill them out of order, inputs of other kinds, a
+  graph that differs at the new signature. A training step that falls back warns once per
+  cause, since its memory is not what the plan predicted.
+
+Copies (``copy.deepcopy``) and pickles (``torch.save(plan.module)``) keep the schedule and
+drop the traced graphs; the first training call traces again.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import functools
-import inspect
 import warnings
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 import torch.fx as fx
 import torch.nn as nn
-from torch.utils import _python_dispatch
-from torch.utils.checkpoint import (
-    CheckpointPolicy,
-    checkpoint,
-    create_selective_checkpoint_contexts,
-    get_device_states,
-    set_device_states,
-)
 
-from .capture.program import Program
-from .capture.trace import alias_groups, input_specs, mutated_inputs
+from .capture.calls import autocast_state, bind_call, input_constants, input_specs, module_copy
+from .capture.trace import trace
+from .distributed import check_wrapping, hook_ids
 from .ir.schedule import Schedule, ScheduleError
+from .regions import CheckpointedStep
 
-__all__ = ["CheckpointedModule", "rewrite"]
+__all__ = ["MAX_TRACES", "PlanForward", "planned", "rewrite"]
 
-
-@dataclass
-class _Region:
-    recompute: bool
-    nodes: list[fx.Node]
-    inputs: list[str]  # values read from outside the region (not attributes)
-    outputs: list[str]  # values read after the region
-    save: frozenset[str]
-    buffers: list[torch.Tensor]  # buffers its nodes may mutate
-    last_read: dict[str, int] = field(default_factory=dict)  # value -> last local reader
-    current: list[str | None] = field(default_factory=lambda: [None])  # node running now
+#: Distinct call signatures (shapes, non-tensor arguments, autocast state) a planned module
+#: traces for; calls beyond them run the model's own forward, with a warning.
+MAX_TRACES = 8
 
 
-def rewrite(gm: fx.GraphModule, schedule: Schedule, model: nn.Module) -> "CheckpointedModule":
-    """Build the checkpointed module for ``schedule`` over a graph traced from ``model``.
+def rewrite(gm: fx.GraphModule, schedule: Schedule, model: nn.Module) -> nn.Module:
+    """The planned copy of ``model`` that runs ``schedule`` over the graph ``gm`` traced from it.
 
     The schedule's regions must name exactly the graph's model nodes in order (validate it
     against the profiled `CostGraph` first for a fingerprint check).
+
+    Raises:
+        ScheduleError: the schedule does not match the graph, or a recompute region would
+            replay a value written in place after it (the message names the op).
     """
-    return CheckpointedModule(gm, schedule, model)
+    module = module_copy(model)
+    step = CheckpointedStep(gm, schedule, root=module)
+    base = model.__dict__.get("forward")
+    if isinstance(base, PlanForward):
+        base = base.base
+    module.__dict__["forward"] = PlanForward(module, step, base, known_hooks=hook_ids(model))
+    return module
 
 
-class CheckpointedModule(nn.Module):
-    """``model`` with ``schedule`` applied; call it like the model.
+def planned(module: nn.Module) -> "PlanForward | None":
+    """The `PlanForward` of a module `rewrite` returned (None for any other module)."""
+    fwd = module.__dict__.get("forward") if isinstance(module, nn.Module) else None
+    return fwd if isinstance(fwd, PlanForward) else None
+
+
+class PlanForward:
+    """The ``forward`` of a planned module (see the module docstring for when the plan runs).
 
     Attributes:
         schedule: the `Schedule` it runs.
-        loss_fn: the loss it was traced with (used by `scheduler.measure`).
+        loss_fn: the loss the model was traced with (used by `scheduler.measure`).
+        info: the `TraceInfo` of the trace the plan was solved on.
+        base: the model's own instance-level ``forward``, if it had one (else its class's).
     """
 
-    def __init__(self, gm: fx.GraphModule, schedule: Schedule, model: nn.Module):
-        super().__init__()
-        for name, child in model.named_children():
-            self.add_module(name, child)
-        for name, p in model.named_parameters(recurse=False):
-            self.register_parameter(name, p)
-        for name, b in model.named_buffers(recurse=False):
-            self.register_buffer(name, b, persistent=name not in model._non_persistent_buffers_set)
-        prog = Program(gm)
-        # not registered as submodules: they would add state_dict entries
-        object.__setattr__(self, "_prog", prog)
-        object.__setattr__(self, "_model", model)  # its own forward, outside the traced step
-        object.__setattr__(self, "_model_type", type(model).__name__)
-        object.__setattr__(self, "_warned", set())
-        self.training = model.training
-        self.schedule = schedule
-        self.loss_fn: Callable[[Any], torch.Tensor] = prog.info.loss_fn
-        self._regions = _plan(prog, schedule)
+    def __init__(self, module: nn.Module, step: CheckpointedStep,
+                 base: Callable[..., Any] | None = None, *,
+                 known_hooks: frozenset[int] = frozenset()):
+        self.module = module
+        self.known_hooks = known_hooks  # hooks there were when it was traced (in the graph)
+        self.schedule = step.schedule
+        self.info = step.info
+        self.loss_fn: Callable[[Any], torch.Tensor] = step.info.loss_fn
+        self.base = base  # (`trace.bare_copy` puts it back on the copy it traces)
+        self.planned_key = _signature(step.info.input_specs, step.info.constants,
+                                      step.info.autocast, step.info.tracer)
+        self._steps: dict[Any, CheckpointedStep | str] = {self.planned_key: step}
+        self._warned: set[str] = set()
 
-    def extra_repr(self) -> str:
-        rc = sum(r.recompute for r in self._regions)
-        return f"{self._model_type}, {len(self._regions)} regions, {rc} recomputed"
+    @property
+    def traces(self) -> int:
+        """How many call signatures it holds a traced, scheduled step for."""
+        return sum(isinstance(s, CheckpointedStep) for s in self._steps.values())
 
-    def train(self, mode: bool = True) -> "CheckpointedModule":
-        """Set the mode, as `nn.Module.train` does, on the model too (its children are this
-        module's children; its own ``training`` flag is read by functional dropout)."""
-        super().train(mode)
-        self._model.training = mode
-        return self
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(vars(self))
+        state["_steps"], state["_warned"] = {}, set()  # (traced graphs do not copy or pickle)
+        # the output's TreeSpec is the graph's business, and the next trace records it again
+        state["info"] = dataclasses.replace(self.info, out_spec=None)
+        return state
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def __repr__(self) -> str:
+        rc = len(self.schedule.recompute_regions)
+        return (f"PlanForward({type(self.module).__name__}, {len(self.schedule.regions)} "
+                f"regions, {rc} recomputed)")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         positional = self._positional(args, kwargs)
         why = self._fallback_reason(positional)
-        if why is not None:
-            if torch.is_grad_enabled() and self.training and why not in self._warned:
-                self._warned.add(why)
-                warnings.warn(
-                    f"this training step runs the model's own forward, not the checkpointed "
-                    f"plan: {why}. It computes the same loss and gradients, but its memory is "
-                    f"not what the plan predicted", RuntimeWarning, stacklevel=2)
-            return self._model(*args, **kwargs)
-        return self._run(positional)
+        step = None
+        if why is None:
+            step, why = self._step_for(positional)
+        if step is None:
+            self._warn_fallback(why)
+            return self._own_forward(*args, **kwargs)
+        self._warn_unplanned(positional)
+        check_wrapping(self.module, step.prog.called_modules, known=self.known_hooks)
+        return step(positional)
+
+    def _own_forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.base is not None:
+            return self.base(*args, **kwargs)
+        return type(self.module).forward(self.module, *args, **kwargs)
+
+    def _warn_fallback(self, why: str) -> None:
+        if torch.is_grad_enabled() and self.module.training and why not in self._warned:
+            self._warned.add(why)
+            warnings.warn(
+                f"this training step runs the model's own forward, not the checkpointed "
+                f"plan: {why}. It computes the same loss and gradients, but its memory is "
+                f"not what the plan predicted", RuntimeWarning, stacklevel=4)
 
     def _positional(self, args: tuple[Any, ...], kwargs: dict[str, Any]
                     ) -> tuple[Any, ...] | None:
-        """The call as the traced positional inputs: ``args``, or ``args`` and ``kwargs``
-        bound to the model's signature when they fill its first parameters in order (None
-        when they do not)."""
-        if not kwargs:
-            return args
-        signature = inspect.signature(self._model.forward)
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except (TypeError, ValueError):
-            return None
-        names = list(signature.parameters)
-        given = list(bound.arguments)
-        if given != names[:len(given)]:
-            return None  # (a later parameter given while an earlier one is left out)
-        return tuple(bound.arguments.values())
+        """The call as positional inputs (`calls.bind_call`; None when it cannot be)."""
+        own = self.base if self.base is not None else functools.partial(
+            type(self.module).forward, self.module)
+        return bind_call(own, args, kwargs)
 
     def _fallback_reason(self, args: tuple[Any, ...] | None) -> str | None:
-        """Why this call cannot run the traced step (None: it can)."""
-        info = self._prog.info
+        """Why this call runs the model's own forward whatever its shapes (None: it need not)."""
+        info = self.info
         if not torch.is_grad_enabled():
             return "gradients are disabled"
-        if self.training != info.training:
-            return (f"the module is in {'training' if self.training else 'eval'} mode but was "
-                    f"traced in {'training' if info.training else 'eval'} mode; solve or apply "
-                    f"with the model in the mode it trains in")
+        if self.module.training != info.training:
+            return (f"the module is in {'training' if self.module.training else 'eval'} mode "
+                    f"but was traced in {'training' if info.training else 'eval'} mode; solve "
+                    f"or apply with the model in the mode it trains in")
         if args is None:
             return ("its keyword arguments do not map onto the positional inputs it was "
-                    "traced with; call it with those inputs, in order")
+                    "traced with (a traced input left out, or filled out of order); call it "
+                    "with those inputs, in order")
         specs = input_specs(args)
         if [s is None for s in specs] != [s is None for s in info.input_specs]:
             return (f"it was called with {len(specs)} inputs ({_kinds(specs)}) but traced with "
                     f"{len(info.input_specs)} ({_kinds(info.input_specs)}); call it with the "
                     f"inputs it was traced with, or solve for this call")
-        if info.tracer == "export" and specs != info.input_specs:
-            shapes = [s[0] if s else None for s in specs]
-            traced = [s[0] if s else None for s in info.input_specs]
-            return (f"its inputs have shapes {shapes}, but the graph was exported for {traced} "
-                    f"(torch.export specialises to the traced shapes); solve again at this "
-                    f"shape for a plan that fits it")
         return None
 
-    def _run(self, args: tuple[Any, ...]) -> Any:
-        prog: Program = self._prog
-        env = prog.inputs_env(args)
-        last = self._last_pos
-        for region in self._regions:
-            if region.recompute:  # (`forward` comes here with gradients on only)
-                vals = [env[n] for n in region.inputs]
-                outs = checkpoint(
-                    functools.partial(_run_region, prog, region, _Calls()), *vals,
-                    use_reentrant=False, preserve_rng_state=True,
-                    context_fn=_sac_context(region) if region.save else _noop_context)
-                env.update(zip(region.outputs, outs))
-                end = prog.pos[region.nodes[-1]]
-                for name in region.inputs:
-                    if last.get(name, -1) <= end:
-                        env.pop(name, None)
-            else:
-                for node in region.nodes:
-                    env[node.name] = prog.run_node(node, env)
-                    i = prog.pos[node]
-                    for a in (*node.all_input_nodes, node):
-                        if last.get(a.name, -1) <= i and a.op != "get_attr":
-                            env.pop(a.name, None)
-        return prog.model_output(env)
+    def _step_for(self, args: tuple[Any, ...]) -> tuple[CheckpointedStep | None, str | None]:
+        """The scheduled step for this call signature, tracing it the first time."""
+        specs = input_specs(args)
+        key = _signature(specs, input_constants(args), autocast_state(), self.info.tracer)
+        got = self._steps.get(key)
+        if got is None:
+            if self.traces >= MAX_TRACES:
+                return None, (f"it was called with more than {MAX_TRACES} distinct input "
+                              f"signatures (shapes, non-tensor arguments, autocast); pad "
+                              f"inputs to a few fixed shapes")
+            got = self._trace(args)
+            self._steps[key] = got
+        if isinstance(got, str):
+            return None, got
+        return got, None
 
-    @functools.cached_property
-    def _last_pos(self) -> dict[str, int]:
-        """Position of the last model node that reads each value; model outputs: never freed."""
-        prog: Program = self._prog
-        last: dict[str, int] = {}
-        for r in self._regions:
-            for n in r.nodes:
-                for a in n.all_input_nodes:
-                    last[a.name] = prog.pos[n]
-        for leaf in prog.model_out_leaves:
-            if isinstance(leaf, fx.Node):
-                last[leaf.name] = len(prog.nodes)
-        return last
+    def _trace(self, args: tuple[Any, ...]) -> CheckpointedStep | str:
+        try:
+            gm = trace(self.module, args, loss_fn=self.loss_fn)
+            return CheckpointedStep(gm, self.schedule, root=self.module)
+        except (ScheduleError, RuntimeError) as e:
+            return (f"at these inputs the model traces to another graph than the one the "
+                    f"plan was made for ({_first_line(e)}); solve for these inputs")
 
+    def _warn_unplanned(self, args: tuple[Any, ...]) -> None:
+        """Warn once per kind when a training call the plan runs differs from the call it
+        was solved for: its memory there was not predicted."""
+        if {"shapes", "constants", "autocast"} <= self._warned:
+            return
+        specs = input_specs(args)
+        checks = {
+            "shapes": ([s for s in specs if s], [s for s in self.info.input_specs if s],
+                       "tensor inputs of shapes and dtypes"),
+            "constants": (input_constants(args), self.info.constants, "non-tensor arguments"),
+            "autocast": (autocast_state(), self.info.autocast, "autocast (device, dtype)"),
+        }
+        for kind, (now, then, what) in checks.items():
+            if kind in self._warned or tuple(now) == tuple(then):
+                continue
+            self._warned.add(kind)
+            if kind == "shapes":
+                now, then = ([(list(s[0]), str(s[1]).removeprefix("torch.")) for s in x]
+                             for x in (now, then))
+            warnings.warn(
+                f"the plan runs its schedule on {what} {list(now)}, but it was solved for "
+                f"{list(then)}: its predicted peak memory holds for that call only. Solve for "
+                f"the largest inputs you train with, in the autocast you train in",
+                RuntimeWarning, stacklevel=4)
 
-class _Calls:
-    """Counts calls of one region's function: the second call is the backward replay."""
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.rng: dict[str, Any] = {}  # save-set node -> RNG state forward left after it
+def _signature(specs: tuple[Any, ...], constants: tuple[Any, ...], autocast: tuple[Any, ...],
+               tracer: str) -> tuple[Any, ...]:
+    """What a traced graph is specialised to: an fx graph to its non-tensor arguments and the
+    autocast state (shapes stay symbolic), an exported one to shapes and dtypes as well."""
+    tensors = tuple((s[1],) if s is not None and tracer == "fx" else s for s in specs)
+    return tensors, constants, autocast
 
 
 def _kinds(specs: tuple[Any, ...]) -> str:
     return ", ".join("tensor" if s is not None else "other" for s in specs) or "none"
 
 
-def _run_region(prog: Program, region: _Region, calls: _Calls, *vals: Any) -> tuple[Any, ...]:
-    calls.n += 1
-    replay = calls.n > 1
-    saved_bufs = _snapshot(region.buffers) if replay else []
-    try:
-        env = dict(zip(region.inputs, vals))
-        env.update(prog.attrs)
-        keep = set(region.outputs)
-        for i, node in enumerate(region.nodes):
-            region.current[0] = node.name
-            env[node.name] = prog.run_node(node, env)
-            if node.name in region.save:
-                # the replay takes a save-set node's outputs from the cache without running
-                # it, so it draws no random numbers there: put the RNG where forward left it,
-                # or a later random op of the region (dropout) draws a different mask
-                if replay:
-                    _set_rng(calls.rng[node.name])
-                else:
-                    calls.rng[node.name] = _get_rng(vals)
-            for a in (*node.all_input_nodes, node):
-                if (region.last_read.get(a.name, -1) <= i and a.name not in keep
-                        and a.op != "get_attr"):
-                    env.pop(a.name, None)
-        return tuple(env[n] for n in region.outputs)
-    finally:
-        if replay:
-            _restore(region.buffers, saved_bufs)
-
-
-def _snapshot(buffers: list[torch.Tensor]) -> list[torch.Tensor]:
-    # outside every dispatch mode: selective checkpointing expects the replay to run exactly
-    # the ops forward ran, and these copies are not part of the model
-    with _python_dispatch._disable_current_modes(), torch.no_grad():
-        return [b.clone() for b in buffers]
-
-
-def _get_rng(vals: tuple[Any, ...]) -> tuple[Any, ...]:
-    # the states checkpoint(preserve_rng_state=True) itself stashes: CPU, and the devices of
-    # the region's tensor inputs once CUDA is initialised
-    with _python_dispatch._disable_current_modes():
-        devices = get_device_states(*vals) if torch.cuda.is_initialized() else ([], [])
-        return torch.get_rng_state(), *devices
-
-
-def _set_rng(state: tuple[Any, ...]) -> None:
-    cpu, devices, device_states = state
-    with _python_dispatch._disable_current_modes():
-        torch.set_rng_state(cpu)
-        set_device_states(devices, device_states)
-
-
-def _restore(buffers: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
-    with _python_dispatch._disable_current_modes(), torch.no_grad():
-        for b, s in zip(buffers, saved):
-            b.copy_(s)
-
-
-def _sac_context(region: _Region) -> Callable[[], Any]:
-    """Selective checkpointing for a region's save set.
-
-    Ops of a save-set node that allocate their outputs are MUST_SAVE (cached in forward, not
-    run by the replay), and so are its in-place ops (dropout's ``bernoulli_`` mutates a tensor
-    it just allocated: replaying it on the cached tensor would apply it twice). Its pure view
-    ops are recomputed: caching a view would pin its base (often the node's input) until the
-    replay, and a view costs nothing to redo. Every op of other nodes is recomputed.
-    """
-    current, save = region.current, region.save
-
-    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        if current[0] in save and not _is_view(op):
-            return CheckpointPolicy.MUST_SAVE
-        return CheckpointPolicy.PREFER_RECOMPUTE
-
-    return functools.partial(create_selective_checkpoint_contexts, policy,
-                             allow_cache_entry_mutation=True)
-
-
-@functools.lru_cache(maxsize=None)
-def _is_view(op: Any) -> bool:
-    """Whether an ATen op only returns aliases of its inputs without mutating them."""
-    schema = getattr(op, "_schema", None)
-    if schema is None:
-        return False
-    return not schema.is_mutable and any(r.alias_info is not None for r in schema.returns)
-
-
-def _noop_context() -> tuple[Any, Any]:
-    return contextlib.nullcontext(), contextlib.nullcontext()
-
-
-def _plan(prog: Program, schedule: Schedule) -> list[_Region]:
-    by_name = prog.by_name
-    model_names = [n.name for n in prog.nodes if n.name not in prog.info.loss_nodes]
-    got = [n for r in schedule.regions for n in r.nodes]
-    if got != model_names:
-        diff = next((i for i, (a, b) in enumerate(zip(got, model_names)) if a != b),
-                    min(len(got), len(model_names)))
-        a = got[diff] if diff < len(got) else None
-        b = model_names[diff] if diff < len(model_names) else None
-        raise ScheduleError(
-            f"schedule does not match the traced model: at node {diff} the schedule has {a!r} "
-            f"and the model {b!r}; solve again for this model")
-    readers: dict[str, list[int]] = {}
-    regions = []
-    for r in schedule.regions:
-        nodes = [by_name[n] for n in r.nodes]
-        regions.append(_Region(r.recompute, nodes, [], [], r.save, []))
-    out_names = {x.name for x in prog.model_out_leaves if isinstance(x, fx.Node)}
-    for ri, r in enumerate(regions):
-        inside = {n.name for n in r.nodes}
-        ins: dict[str, None] = {}
-        for n in r.nodes:
-            for a in n.all_input_nodes:
-                if a.name not in inside and a.op != "get_attr":
-                    ins[a.name] = None
-                    readers.setdefault(a.name, []).append(ri)
-        r.inputs = list(ins)
-    for ri, r in enumerate(regions):
-        r.outputs = [n.name for n in r.nodes
-                     if n.name in out_names or any(x != ri for x in readers.get(n.name, ()))]
-        if r.recompute:
-            r.buffers = _buffers_of(prog, r.nodes)
-            for i, n in enumerate(r.nodes):
-                for a in n.all_input_nodes:
-                    r.last_read[a.name] = i
-    _check_mutations(prog, regions)
-    return regions
-
-
-def _check_mutations(prog: Program, regions: list[_Region]) -> None:
-    """Refuse a recompute region whose backward replay would see other data than its forward.
-
-    The replay reads the region's inputs as they are in backward. If a value the region reads
-    from outside (or a view of it) is written in place by the region itself or by any later
-    node, the replay computes from the written value: autograd's saved-tensor check stops it
-    in backward ("modified by an inplace operation") without naming the op, so it is refused
-    here, before any step. Buffers are exempt: the replay restores those it mutates
-    (BatchNorm statistics), and they are not region inputs.
-    """
-    group = alias_groups(prog.gm)
-    attr_groups = {group[n] for n in prog.gm.graph.nodes if n.op == "get_attr"}
-    writes = [(n, group[a]) for n in prog.nodes for a in mutated_inputs(n)
-              if group[a] not in attr_groups]
-    every = {n.name: n for n in prog.gm.graph.nodes}
-    for ri, r in enumerate(regions):
-        if not (r.recompute and writes):
-            continue
-        start = prog.pos[r.nodes[0]]
-        outside = {group[every[n]]: n for n in r.inputs}
-        for node, g in writes:
-            if prog.pos[node] >= start and g in outside:
-                raise ScheduleError(
-                    f"region {ri} recomputes from {outside[g]!r}, which node {node.name!r} "
-                    f"({node.target}) writes in place afterwards: the backward replay would "
-                    f"read the written value. Keep region {ri} (policy keep), or let one "
-                    f"recompute region hold both {node.name!r} and the allocation of the "
-                    f"value it writes into")
-
-
-def _buffers_of(prog: Program, nodes: list[fx.Node]) -> list[torch.Tensor]:
-    """Buffers the nodes can mutate: those of called submodules and those read directly."""
-    bufs: dict[int, torch.Tensor] = {}
-    for n in nodes:
-        if n.op == "call_module":
-            for b in prog.gm.get_submodule(n.target).buffers():
-                bufs[id(b)] = b
-        for a in n.all_input_nodes:
-            v = prog.attrs.get(a.name) if a.op == "get_attr" else None
-            if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter):
-                bufs[id(v)] = v
-    return list(bufs.values())
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]

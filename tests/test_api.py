@@ -23,7 +23,7 @@ from scheduler.capture.trace import default_loss_recipe
 from scheduler.ir.graph import CostGraph
 from scheduler.ir.schedule import KEEP, RECOMPUTE, Schedule, ScheduleError
 from scheduler.plan import apply
-from scheduler.rewrite import CheckpointedModule
+from scheduler.rewrite import planned
 
 MODELS = ["mlp", "gpt", "unet", "hf_gpt2"]
 Build = Callable[..., tuple[nn.Module, tuple[Any, ...]]]
@@ -103,12 +103,12 @@ def test_apply_gives_the_same_step(graphs: Callable[[str], CostGraph], build_exa
     if how == "path":
         s.save(tmp_path / "schedule.json")
         module = apply(model, tmp_path / "schedule.json", inputs)
-        assert module.schedule == s
+        assert planned(module).schedule == s
         module = apply(model, str(tmp_path / "schedule.json"), inputs)  # str paths too
     else:
         module = apply(model, s, inputs)
-        assert module.schedule is s
-    assert isinstance(module, CheckpointedModule)
+        assert planned(module).schedule is s
+    assert type(module) is type(model) and module is not model
     assert list(module.state_dict()) == list(model.state_dict())
     assert all(a is b for a, b in zip(module.parameters(), model.parameters()))
     _assert_same_step(module, ref_model, inputs)
@@ -174,7 +174,7 @@ def test_apply_with_the_loss_it_was_solved_for(build_example: Build) -> None:
     ref_model, _ = build_example("mlp")
     g = scheduler.profile(model, inputs, loss_fn=loss_fn, repeats=1)
     module = apply(model, _blocks_recomputed(g), inputs, loss_fn=loss_fn)
-    assert module.loss_fn is loss_fn
+    assert module.forward.loss_fn is loss_fn
     _assert_same_step(module, ref_model, inputs, loss_fn)
 
 

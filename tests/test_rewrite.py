@@ -29,7 +29,7 @@ import scheduler
 from scheduler.capture.trace import default_loss_recipe, trace
 from scheduler.ir.graph import CostGraph
 from scheduler.ir.schedule import KEEP, RECOMPUTE, Region, Schedule, ScheduleError
-from scheduler.rewrite import CheckpointedModule, rewrite
+from scheduler.rewrite import rewrite
 
 MODELS = ["mlp", "gpt", "unet", "hf_gpt2"]
 #: random-schedule tests: Hugging Face GPT-2 is the slowest to step, so it runs with the slow ones
@@ -158,14 +158,14 @@ class Case:
         for p in self.model.parameters():
             p.grad = None
 
-    def rewrite(self, schedule: Schedule) -> CheckpointedModule:
+    def rewrite(self, schedule: Schedule) -> nn.Module:
         return rewrite(self.gm, schedule, self.model)
 
     def check_step(self, schedule: Schedule) -> None:
         """The rewritten module's step equals the reference step exactly."""
         self.reset()
         module = self.rewrite(schedule)
-        got = run_step(module, self.inputs, module.loss_fn)
+        got = run_step(module, self.inputs, module.forward.loss_fn)
         where = f"{self.name}, schedule:\n{schedule.describe()}\nsave sets: " \
                 f"{[sorted(r.save) for r in schedule.regions]}"
         assert torch.equal(got.loss, self.ref.loss), \
@@ -290,7 +290,7 @@ def _backward_ops(case: Case, schedule: Schedule) -> int:
     case.reset()
     module = case.rewrite(schedule)
     torch.manual_seed(0)
-    loss = module.loss_fn(module(*case.inputs))
+    loss = module.forward.loss_fn(module(*case.inputs))
     with _CountOps() as counter:
         loss.backward()
     case.reset()
@@ -335,7 +335,7 @@ def test_batchnorm_statistics_updated_once(cases: _Cases, schedule: str) -> None
     assert bns
     case.reset()
     module = case.rewrite(NAMED_SCHEDULES[schedule](case.graph))
-    run_step(module, case.inputs, module.loss_fn)
+    run_step(module, case.inputs, module.forward.loss_fn)
     ref = case.ref.buffers
     for n, m in case.model.named_modules():
         if isinstance(m, nn.BatchNorm2d):
@@ -364,7 +364,7 @@ def test_drop_in_state_dict_and_parameters(cases: _Cases, name: str) -> None:
     # state dicts load both ways
     module.load_state_dict(model.state_dict())
     model.load_state_dict(module.state_dict())
-    assert module.loss_fn is case.gm.meta["scheduler"].loss_fn
+    assert module.forward.loss_fn is case.gm.meta["scheduler"].loss_fn
 
 
 def test_drop_in_with_own_parameters_and_buffers() -> None:
@@ -402,7 +402,7 @@ def test_drop_in_with_own_parameters_and_buffers() -> None:
     assert "scratch" not in module.state_dict()
     assert [n for n, _ in module.named_buffers()] == [n for n, _ in model.named_buffers()]
     assert all(a is b for a, b in zip(module.parameters(), model.parameters()))
-    got = run_step(module, inputs, module.loss_fn)
+    got = run_step(module, inputs, module.forward.loss_fn)
     assert torch.equal(got.loss, ref.loss)
     assert all(torch.equal(got.grads[k], ref.grads[k]) for k in ref.grads)
     assert all(torch.equal(got.buffers[k], ref.buffers[k]) for k in ref.buffers)
@@ -428,7 +428,7 @@ def test_optimizer_on_original_parameters_trains_the_rewritten_module(
     ref_losses, losses = [], []
     for step in range(3):
         for m, o, out, fn in ((ref_model, ref_opt, ref_losses, None),
-                              (module, opt, losses, module.loss_fn)):
+                              (module, opt, losses, module.forward.loss_fn)):
             o.zero_grad(set_to_none=True)
             torch.manual_seed(step)
             y = m(*inputs)

@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import scheduler
+from scheduler.rewrite import planned
 
 
 class FunctionalDropout(nn.Module):
@@ -95,7 +96,8 @@ def test_the_traced_training_step_runs_without_a_warning() -> None:
 def test_eval_mode_stops_functional_dropout() -> None:
     model, plan = solved(FunctionalDropout, (X,))
     plan.module.eval()
-    assert not model.training  # (the model's own flag follows, as its children's do)
+    # the plan's own root flag (functional dropout reads it); the shared children's follow
+    assert not plan.module.training and not model.a.training
     ref = build(FunctionalDropout).eval()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # eval is no training step: nothing to warn about
@@ -103,7 +105,7 @@ def test_eval_mode_stops_functional_dropout() -> None:
     assert torch.equal(got, ref(X))
     assert torch.equal(plan.module(X), plan.module(X))  # no dropout: the same twice
     plan.module.train()
-    assert model.training
+    assert plan.module.training and model.a.training
     assert same(step(plan.module, X), step(build(FunctionalDropout), X))
 
 
@@ -147,7 +149,7 @@ def test_fewer_inputs_than_traced_run_the_model_with_a_warning() -> None:
 def test_exported_plan_in_eval_mode_is_the_models_eval() -> None:
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
     model, plan = solved(Branchy, (x,))
-    assert plan.module._prog.info.tracer == "export"
+    assert planned(plan.module).info.tracer == "export"
     ref = build(Branchy)
     assert same(step(plan.module, x), step(ref, x))  # the traced step, in training
     plan.module.eval()
@@ -158,13 +160,21 @@ def test_exported_plan_in_eval_mode_is_the_models_eval() -> None:
     assert all(torch.equal(v, stats[k]) for k, v in model.bn.state_dict().items())
 
 
-def test_exported_plan_at_another_shape_is_right_and_warns() -> None:
+def test_exported_plan_at_another_shape_runs_the_schedule_and_warns() -> None:
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
     short = torch.randn(3, 8, generator=torch.Generator().manual_seed(4))
     model, plan = solved(Branchy, (x,))
-    with pytest.warns(RuntimeWarning, match=r"exported for \[\(4, 8\)\]"):
+    runner = planned(plan.module)
+    with pytest.warns(RuntimeWarning, match=r"shapes and dtypes \[\(\[3, 8\], 'float32'\)\], "
+                                            r"but it was solved for \[\(\[4, 8\], 'float32'\)\]"):
         got = step(plan.module, short)
+    assert runner.traces == 2  # traced again at (3, 8): the schedule ran, not the fallback
     assert same(got, step(build(Branchy), short))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per plan, not at every step
+        again = step(plan.module, short)
+    assert runner.traces == 2
+    assert same(again, step(build(Branchy), short))
 
 
 def test_exported_training_step_counts_batchnorm_batches() -> None:

@@ -185,7 +185,7 @@ def test_writes_are_honoured(cls: Callable[[], nn.Module], solver: str) -> None:
         if solver != "none":
             assert any(r.recompute for r in plan.schedule.regions)
     reset_buffers(model)
-    assert_same(step(module, inputs, module.loss_fn), ref, f"{cls.__name__}, {solver}")
+    assert_same(step(module, inputs, module.forward.loss_fn), ref, f"{cls.__name__}, {solver}")
 
 
 @pytest.mark.parametrize("cls", CLASSES)
@@ -211,7 +211,7 @@ def test_every_two_region_schedule_is_exact_or_refused(cls: Callable[[], nn.Modu
                 refused.append((k, first, second))
                 continue
             reset_buffers(model)
-            assert_same(step(module, inputs, module.loss_fn), ref,
+            assert_same(step(module, inputs, module.forward.loss_fn), ref,
                         f"{cls.__name__}, split at {k}: {first}/{second}")
             accepted.append((k, first, second))
     assert refused, "no schedule recomputes across a write: the test is vacuous"
@@ -241,7 +241,7 @@ def test_hf_t5_with_labels_matches_the_model() -> None:
     ref = step(build(WithLabels), inputs, None)
     model = build(WithLabels)
     plan = scheduler.solve(model, inputs, budget=1.0, solver="none", repeats=1)
-    assert_same(step(plan.module, inputs, plan.module.loss_fn), ref, "T5, none")
+    assert_same(step(plan.module, inputs, plan.module.forward.loss_fn), ref, "T5, none")
     graph, gm = plan.graph, trace(model, inputs)
     assert gm.meta["scheduler"].tracer == "export"
     names = graph.compute_nodes
@@ -250,4 +250,4 @@ def test_hf_t5_with_labels_matches_the_model() -> None:
     schedule = Schedule.from_regions(graph, [(0, enc[0], KEEP), (enc[0], enc[-1] + 1, RECOMPUTE),
                                              (enc[-1] + 1, len(names), KEEP)])
     module = rewrite(gm, schedule, model)
-    assert_same(step(module, inputs, module.loss_fn), ref, "T5, encoder recomputed")
+    assert_same(step(module, inputs, module.forward.loss_fn), ref, "T5, encoder recomputed")

@@ -5,30 +5,47 @@ attributes (which are the user's parameter objects), frees each value after its 
 and splits the output into the model's output and the loss. Profiling instruments it;
 `rewrite` runs slices of it as checkpoint regions. Keeping one executor means the profiled
 lifetimes are the lifetimes the rewritten module has.
+
+The graph's attributes (``get_attr`` nodes: parameters and buffers the graph reads directly)
+are looked up on a live module at every read, never kept: a wrapper that swaps parameters by
+``setattr`` (FSDP2's ``fully_shard`` installs the unsharded parameters before each forward)
+is seen by the next run. With a ``root``, an attribute ``model.<path>`` is read as
+``root.<path>``, so the module the user wraps is the one whose attributes count.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Iterable
 
 import torch
 import torch.fx as fx
+import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from .trace import TraceInfo, model_nodes
+from .trace import MODEL_ATTR, TraceInfo, model_nodes
 
 __all__ = ["Program"]
 
 
 class Program:
-    """The executable form of a traced step. ``nodes`` are in execution order."""
+    """The executable form of a traced step. ``nodes`` are in execution order.
 
-    def __init__(self, gm: fx.GraphModule):
+    Args:
+        gm: a graph from `trace`.
+        root: the module that stands for the traced model at run time (the rewritten module,
+            which a user may wrap in FSDP2): an attribute ``model.<path>`` of the graph is
+            read as ``root.<path>`` wherever ``root`` holds, at construction, the very object
+            the graph was traced with; other attributes (and all of them without a ``root``)
+            are read from ``gm``.
+    """
+
+    def __init__(self, gm: fx.GraphModule, root: nn.Module | None = None):
         self.gm = gm
         self.info: TraceInfo = gm.meta["scheduler"]
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self.attrs = {n.name: _fetch_attr(gm, n.target)
-                      for n in gm.graph.nodes if n.op == "get_attr"}
+        self._attr_paths = {n.name: _attr_path(gm, root, n.target)
+                            for n in gm.graph.nodes if n.op == "get_attr"}
         self.nodes = model_nodes(gm)
         self.by_name = {n.name: n for n in self.nodes}
         self.output = next(n for n in gm.graph.nodes if n.op == "output")
@@ -47,6 +64,20 @@ class Program:
             if isinstance(leaf, fx.Node):
                 self.last_read[leaf.name] = end
         self.pos = pos
+
+    @property
+    def attrs(self) -> Mapping[str, Any]:
+        """``get_attr`` node name -> its value, read from the live module on each access (a
+        read-only view: reading one attribute walks only its own path)."""
+        return _LiveAttrs(self._attr_paths)
+
+    @property
+    def called_modules(self) -> list[str]:
+        """Qualified names, relative to the model, of the submodules the graph calls as modules
+        (``call_module`` nodes, fx leaf modules): theirs are the only hooks a run fires."""
+        prefix = MODEL_ATTR + "."
+        return list(dict.fromkeys(
+            n.target.removeprefix(prefix) for n in self.nodes if n.op == "call_module"))
 
     def inputs_env(self, inputs: Iterable[Any]) -> dict[str, Any]:
         """The environment before any node runs: placeholders and attributes."""
@@ -102,8 +133,43 @@ def _val(leaf: Any, env: dict[str, Any]) -> Any:
     return env[leaf.name] if isinstance(leaf, fx.Node) else leaf
 
 
-def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
+class _LiveAttrs(Mapping[str, Any]):
+    """A read-only mapping whose values are looked up on their modules when read."""
+
+    __slots__ = ("_paths",)
+
+    def __init__(self, paths: dict[str, tuple[Any, tuple[str, ...]]]):
+        self._paths = paths
+
+    def __getitem__(self, name: str) -> Any:
+        base, parts = self._paths[name]
+        return _walk(base, parts)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._paths)
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+
+def _walk(obj: Any, parts: tuple[str, ...]) -> Any:
+    for part in parts:
         obj = getattr(obj, part)
     return obj
+
+
+def _attr_path(gm: fx.GraphModule, root: nn.Module | None, target: str
+               ) -> tuple[Any, tuple[str, ...]]:
+    """Where to read attribute ``target`` at run time: ``(base, path)``. On ``root`` when it
+    holds the traced object under the model-relative path (export's lifted constants, for
+    one, are not attributes of the model), else on ``gm``."""
+    parts = tuple(target.split("."))
+    traced = _walk(gm, parts)
+    if root is not None and len(parts) > 1 and parts[0] == MODEL_ATTR:
+        try:
+            live = _walk(root, parts[1:])
+        except AttributeError:
+            live = None
+        if live is traced:
+            return root, parts[1:]
+    return gm, parts

@@ -24,8 +24,10 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
+from .calls import as_tuple, autocast_state, bare_copy, input_constants, input_specs
+
 __all__ = ["trace", "TraceError", "TraceInfo", "LossRecipe", "alias_groups", "as_tuple",
-           "default_loss_recipe", "input_specs", "model_nodes", "mutated_inputs",
+           "default_loss_recipe", "model_nodes", "mutated_inputs",
            "preserved_state"]
 
 #: Name of the attribute that holds the user's model inside the traced wrapper.
@@ -98,6 +100,9 @@ class TraceInfo:
     # (shape, dtype) of each tensor leaf of the inputs it was traced with (None: not a tensor);
     # an exported graph is specialised to them
     input_specs: tuple[tuple[tuple[int, ...], torch.dtype] | None, ...] = ()
+    # the non-tensor leaves of those inputs (`input_constants`): both tracers bake them in
+    constants: tuple[Any, ...] = ()
+    autocast: tuple[tuple[str, torch.dtype], ...] = ()  # `autocast_state` while it was traced
 
 
 class _Step(nn.Module):
@@ -171,7 +176,7 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
         raise TraceError(f"loss_fn must return a scalar tensor, got "
                          f"{type(loss).__name__}{tuple(getattr(loss, 'shape', ()))}")
     _, out_spec = pytree.tree_flatten((out, loss))
-    step = _step_module(model, loss_fn, len(inputs))
+    step = _step_module(bare_copy(model), loss_fn, len(inputs))
 
     fx_error = ""
     try:
@@ -202,16 +207,11 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
                 "loss_fn=..., or wrap the model so it returns tensors only") from e2
     info = TraceInfo(tracer=tracer, out_spec=out_spec, loss_fn=loss_fn,
                      fallback_reason=fx_error, training=model.training,
-                     input_specs=input_specs(inputs))
+                     input_specs=input_specs(inputs), constants=input_constants(inputs),
+                     autocast=autocast_state())
     _classify(gm, info)
     gm.meta["scheduler"] = info
     return gm
-
-
-def input_specs(inputs: Sequence[Any]) -> tuple[tuple[tuple[int, ...], torch.dtype] | None, ...]:
-    """(shape, dtype) of each leaf of ``inputs`` that is a tensor, None for the others."""
-    return tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None
-                 for x in pytree.tree_leaves(tuple(inputs)))
 
 
 def _state(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -366,17 +366,6 @@ def _check_fx_outputs(gm: fx.GraphModule, out_spec: pytree.TreeSpec) -> None:
     if n != out_spec.num_leaves:
         raise TraceError(f"symbolic trace returned {n} output leaves, the model "
                          f"{out_spec.num_leaves}")
-
-
-def as_tuple(example_inputs: Any) -> tuple[Any, ...]:
-    if isinstance(example_inputs, torch.Tensor):
-        return (example_inputs,)
-    if isinstance(example_inputs, list):
-        return tuple(example_inputs)
-    if not isinstance(example_inputs, tuple):
-        raise TypeError(f"example_inputs must be a tuple of positional inputs, got "
-                        f"{type(example_inputs).__name__}")
-    return example_inputs
 
 
 def _first_line(e: BaseException) -> str:

@@ -15,7 +15,8 @@ import torch
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from ..capture.trace import as_tuple, default_loss_recipe, preserved_state
+from ..capture.calls import call_inputs
+from ..capture.trace import default_loss_recipe, preserved_state
 from .storage import StorageTracker, sync_device
 
 __all__ = ["OPTIMIZERS", "PARTS", "StepBreakdown", "get_optimizer", "measure_training_step"]
@@ -166,7 +167,7 @@ def measure_training_step(
         make_opt, opt_name = optimizer, getattr(optimizer, "__name__", "custom")
     else:
         make_opt, opt_name = get_optimizer(optimizer), str(optimizer).lower()
-    inputs = as_tuple(example_inputs)
+    inputs = call_inputs(model, example_inputs)
     with preserved_state(model):
         m = copy.deepcopy(model)
     params = list(m.parameters())

@@ -9,12 +9,14 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn as nn
 
-from ..capture.trace import as_tuple, default_loss_recipe, preserved_state
+from ..capture.calls import call_inputs
+from ..capture.trace import default_loss_recipe, preserved_state
 from .storage import StorageTracker, base_bytes, state_tensors
 
 __all__ = ["Measurement", "measure", "measure_in_turns"]
@@ -43,7 +45,7 @@ class Measurement:
         return d
 
 
-def measure(module: nn.Module, example_inputs: Sequence[Any], *,
+def measure(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *,
             loss_fn: Callable[[Any], torch.Tensor] | None = None, repeats: int = 5,
             warmup: int = 1, timeline: bool = False) -> Measurement:
     """Run real training steps of ``module`` and measure peak memory and step time.
@@ -54,7 +56,7 @@ def measure(module: nn.Module, example_inputs: Sequence[Any], *,
     Args:
         module: any module, e.g. a checkpointed one from `scheduler.apply`; its default
             ``loss_fn`` is the one it was traced with, else `trace.default_loss_recipe`.
-        example_inputs: positional inputs.
+        example_inputs: positional inputs, or a mapping of keyword inputs.
         loss_fn: ``loss_fn(output) -> scalar``.
         repeats: timed steps (the median is reported).
         warmup: untimed steps first.
@@ -67,8 +69,10 @@ def measure(module: nn.Module, example_inputs: Sequence[Any], *,
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    inputs = as_tuple(example_inputs)
-    loss_fn = loss_fn or getattr(module, "loss_fn", None)
+    inputs = call_inputs(module, example_inputs)
+    # (a planned module's loss is on its forward, `rewrite.PlanForward`)
+    loss_fn = (loss_fn or getattr(module, "loss_fn", None)
+               or getattr(getattr(module, "forward", None), "loss_fn", None))
     params = list(module.parameters())
     device = params[0].device if params else torch.device("cpu")
 

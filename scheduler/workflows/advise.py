@@ -28,7 +28,8 @@ import torch.nn as nn
 
 from ..budget import InfeasibleBudgetError
 from ..capture.profile import profile_traced
-from ..capture.trace import as_tuple, trace
+from ..capture.calls import call_inputs
+from ..capture.trace import trace
 from ..cost.simulate import simulate
 from ..ir.graph import CostGraph, with_step_time
 from ..ir.schedule import Schedule
@@ -150,7 +151,7 @@ def advise(model: nn.Module, example_inputs: Sequence[Any], *, device_memory: in
                                                            "optimizer_state_bytes"))
     if state_bytes is None and not callable(optimizer):
         get_optimizer(optimizer)
-    inputs = as_tuple(example_inputs)
+    inputs = call_inputs(model, example_inputs)
     batch = _batch_size(inputs)
     ks = _micro_batch_counts(micro_batches, batch)
     say = progress or (lambda _msg: None)

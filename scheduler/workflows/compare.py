@@ -11,7 +11,7 @@ measured too: it is the reference for measured overheads.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +22,8 @@ import torch.nn as nn
 from .. import report
 from ..budget import budget_spec, infeasible_error, parse_budget
 from ..capture.profile import profile_traced
-from ..capture.trace import as_tuple, trace
+from ..capture.calls import call_inputs
+from ..capture.trace import trace
 from ..cost.simulate import simulate
 from ..ir.graph import CostGraph
 from ..ir.schedule import Schedule
@@ -171,7 +172,7 @@ class Comparison:
         return report.plot_comparison(self, path)
 
 
-def compare(model: nn.Module, example_inputs: Sequence[Any], *,
+def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *,
             budgets: Sequence[int | float | str] | int | float | str,
             strategies: Sequence[str] | None = None, measure: bool = True,
             loss_fn: Callable[[Any], torch.Tensor] | None = None,
@@ -181,7 +182,8 @@ def compare(model: nn.Module, example_inputs: Sequence[Any], *,
 
     Args:
         model: the model (not modified; the rewritten modules share its parameters).
-        example_inputs: positional inputs with the shapes to plan for.
+        example_inputs: positional inputs with the shapes to plan for, or a mapping of
+            keyword inputs (a Hugging Face-style batch), bound to the model's ``forward``.
         budgets: one budget or several, each as `parse_budget` reads it (``"50%"``, ``0.3``,
             ``"6GiB"``); fractions refer to the unscheduled predicted peak.
         strategies: solver names; default `STRATEGIES` (``auto`` and every baseline).
@@ -218,7 +220,7 @@ def compare(model: nn.Module, example_inputs: Sequence[Any], *,
         get_solver(s)
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    inputs = as_tuple(example_inputs)
+    inputs = call_inputs(model, example_inputs)
     n_solves = len(budgets) * len(strategies)
 
     with report.progress_bar(enabled=progress, total=1 + n_solves,

@@ -1,0 +1,230 @@
+"""`plan.module` as a drop-in in a training stack: the model's class and methods, hooks, keyword
+batches, other shapes, modes, autocast, copies and pickles, on the fx path (the GPT example)
+and the export path (Hugging Face GPT-2 and Llama built from configs).
+
+The reference is always a fresh, unmodified model built with the same seed, run the same way.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import warnings
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.nn as nn
+
+import scheduler
+from scheduler.rewrite import planned
+
+transformers = pytest.importorskip("transformers")
+
+
+def gpt2(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                                  attn_implementation="eager", use_cache=False,
+                                  bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg).train()
+
+
+def llama(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=32,
+                                   attn_implementation="eager", use_cache=False,
+                                  bos_token_id=0, eos_token_id=0)
+    return transformers.LlamaForCausalLM(cfg).train()
+
+
+def gpt_example(seed: int = 0) -> nn.Module:
+    from examples.gpt import build
+    return build(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64, batch=2,
+                 seed=seed)[0]
+
+
+def ids(batch: int, seq: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, 96, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def step(module: nn.Module, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Loss and gradients of one step, random ops drawn after seed 0."""
+    torch.manual_seed(0)
+    for p in module.parameters():
+        p.grad = None
+    out = module(*args, **kwargs)
+    loss = out.loss if hasattr(out, "loss") and out.loss is not None else (
+        out.logits if hasattr(out, "logits") else out).float().mean()
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in module.parameters() if p.grad is not None]
+
+
+def assert_same(got: tuple[torch.Tensor, list[torch.Tensor]],
+                want: tuple[torch.Tensor, list[torch.Tensor]]) -> None:
+    assert torch.equal(got[0], want[0]), (got[0], want[0])
+    assert len(got[1]) == len(want[1])
+    assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+
+
+def solve(model: nn.Module, inputs: Any, solver: str = "uniform:2") -> Any:
+    plan = scheduler.solve(model, inputs, budget=1.0, solver=solver, repeats=1)
+    assert plan.schedule.recompute_regions, "the test needs a schedule that recomputes"
+    return plan
+
+
+@pytest.fixture(scope="module")
+def gpt2_plan() -> Any:
+    x = ids(2, 16)
+    return solve(gpt2(), {"input_ids": x, "labels": x})
+
+
+def test_plan_module_is_the_models_class_with_its_state(gpt2_plan: Any) -> None:
+    module, ref = gpt2_plan.module, gpt2()
+    assert type(module) is transformers.GPT2LMHeadModel
+    assert module.config.n_layer == 2 and callable(module.generate)
+    assert list(module.state_dict()) == list(ref.state_dict())
+    for (name, a), b in zip(module.state_dict().items(), ref.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_parameters_are_the_users_objects() -> None:
+    model = gpt_example()
+    plan = solve(model, (torch.randint(0, 64, (2, 16)),))
+    assert all(a is b for a, b in zip(plan.module.parameters(), model.parameters()))
+    plan.module.register_forward_pre_hook(lambda *a: None)
+    assert not model._forward_pre_hooks  # the copy's hook dictionaries are its own
+
+
+def test_a_keyword_batch_runs_the_plan(gpt2_plan: Any) -> None:
+    x = ids(2, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fallback, no other-shape warning
+        got = step(gpt2_plan.module, input_ids=x, labels=x)
+    assert planned(gpt2_plan.module).traces == 1
+    assert_same(got, step(gpt2(), input_ids=x, labels=x))
+
+
+@pytest.mark.parametrize("build", [gpt2, llama], ids=["gpt2", "llama"])
+def test_other_batch_and_sequence_shapes_match_the_model(build: Callable[[], nn.Module]) -> None:
+    x = ids(2, 16)
+    plan = solve(build(), {"input_ids": x, "labels": x})
+    runner = planned(plan.module)
+    with pytest.warns(RuntimeWarning, match="solved for"):
+        assert_same(step(plan.module, input_ids=ids(3, 16), labels=ids(3, 16)),
+                     step(build(), input_ids=ids(3, 16), labels=ids(3, 16)))
+    for batch, seq in ((2, 9), (4, 24)):
+        y = ids(batch, seq, seed=batch)
+        assert_same(step(plan.module, input_ids=y, labels=y),
+                     step(build(), input_ids=y, labels=y))
+    assert runner.traces == 4  # the schedule ran at every shape (traced once for each)
+
+
+def test_the_plan_saves_memory_at_another_shape(gpt2_plan: Any) -> None:
+    y = ids(4, 32, seed=7)
+    inputs = {"input_ids": y, "labels": y}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = scheduler.measure(gpt2_plan.module, inputs, loss_fn=lambda o: o.loss, repeats=1)
+    own = scheduler.measure(gpt2(), inputs, loss_fn=lambda o: o.loss, repeats=1)
+    assert got.peak_bytes < own.peak_bytes
+
+
+@pytest.mark.parametrize("build", [gpt2, llama], ids=["gpt2", "llama"])
+def test_eval_no_grad_and_inference_outputs_are_the_models(build: Callable[[], nn.Module]) -> None:
+    x = ids(2, 16)
+    plan = solve(build(), (x,))
+    ref = build()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no training step: nothing to warn
+        for mode in ("train", "eval"):
+            plan.module.train(mode == "train")
+            ref.train(mode == "train")
+            for ctx in (torch.no_grad, torch.inference_mode):
+                torch.manual_seed(0)
+                with ctx():
+                    got = plan.module(x).logits
+                torch.manual_seed(0)
+                with ctx():
+                    want = ref(x).logits
+                assert torch.equal(got, want), (mode, ctx)
+        plan.module.eval()
+        ref.eval()
+        assert torch.equal(plan.module(x).logits, ref(x).logits)  # eval with gradients on
+
+
+def test_generate_and_save_pretrained(gpt2_plan: Any, tmp_path: Any) -> None:
+    module, ref = gpt2_plan.module, gpt2()
+    module.eval()
+    ref.eval()
+    prompt = ids(1, 5)
+    with torch.no_grad():
+        got = module.generate(prompt, max_new_tokens=4, do_sample=False)
+        want = ref.generate(prompt, max_new_tokens=4, do_sample=False)
+    assert torch.equal(got, want)
+    module.save_pretrained(tmp_path)
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path)
+    for (name, a), b in zip(loaded.state_dict().items(), ref.state_dict().values()):
+        assert torch.equal(a, b), name
+    module.train()
+
+
+@pytest.mark.parametrize("path", ["fx", "export"])
+def test_root_hooks_fire_once_per_call(path: str) -> None:
+    if path == "fx":
+        build, x = gpt_example, torch.randint(0, 64, (2, 16))
+    else:
+        build, x = llama, ids(2, 16)
+    calls: list[str] = []
+
+    def hooked() -> nn.Module:
+        model = build()
+        model.register_forward_pre_hook(lambda m, args: calls.append("pre"))
+        model.register_forward_hook(lambda m, args, out: calls.append("post"))
+        return model
+
+    plan = solve(hooked(), (x,))
+    assert planned(plan.module).info.tracer == path
+    calls.clear()
+    got = step(plan.module, x)
+    assert calls == ["pre", "post"]
+    calls.clear()
+    assert_same(got, step(hooked(), x))
+
+
+@pytest.mark.parametrize("path", ["fx", "export"])
+@pytest.mark.parametrize("how", ["deepcopy", "torch.save"])
+def test_copies_and_pickles_train_like_a_copy_of_the_model(path: str, how: str) -> None:
+    if path == "fx":
+        build, x = gpt_example, torch.randint(0, 64, (2, 16))
+    else:
+        build, x = llama, ids(2, 16)
+    plan = solve(build(), (x,))
+    if how == "deepcopy":
+        clone = copy.deepcopy(plan.module)
+    else:
+        buf = io.BytesIO()
+        torch.save(plan.module, buf)
+        buf.seek(0)
+        clone = torch.load(buf, weights_only=False)
+    assert type(clone) is type(plan.module)
+    assert not any(a is b for a, b in zip(clone.parameters(), plan.module.parameters()))
+    runner = planned(clone)
+    assert runner is not None and runner.schedule.to_dict() == plan.schedule.to_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the same call: the plan, no warning
+        got = step(clone, x)
+    assert runner.traces == 1
+    assert_same(got, step(build(), x))
+
+
+def test_another_autocast_state_runs_the_plan_and_warns() -> None:
+    x = torch.randint(0, 64, (2, 16))
+    plan = solve(gpt_example(), (x,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.warns(RuntimeWarning, match=r"autocast .*bfloat16.*solved for \[\]"):
+            got = step(plan.module, x)
+        want = step(gpt_example(), x)
+    assert_same(got, want)
