@@ -31,9 +31,10 @@ to them) captures the whole checkpointed step, hooks on the root and the wrappin
 included, in one graph (``fullgraph=True`` holds); the generated step's eager-only
 bookkeeping is skipped there (`executor`). A call the plan runs in no traced step yet is
 traced eagerly (``torch.compiler.disable``: a graph break, once per new signature), and a
-fallback compiles the model's own forward. The predicted peak is the eager plan's: inductor
-fuses and reorders within the plan's regions, so the compiled peak is close to it, not
-bounded by it (`measurement.compiled.compiled_peak` measures it).
+fallback compiles the model's own forward. The predicted peak and the budget hold for the
+eager plan: compiled, inductor allocates buffers of its own (fused kernels, its partition of
+what forward keeps), and the peak can exceed the budget by a few percent; measure it with
+`measurement.compiled.compiled_peak` and leave that headroom.
 
 Copies (``copy.deepcopy``) and pickles (``torch.save(plan.module)``) keep the schedule and
 drop the traced graphs; the first training call traces again.
@@ -130,6 +131,8 @@ class PlanForward:
                 f"regions, {rc} recomputed)")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The planned step or the model's own forward (module docstring). Under
+        ``torch.compile`` this dispatch is traced as it stands: its checks become guards."""
         positional = self._positional(args, kwargs)
         why = self._fallback_reason(positional)
         step = None
