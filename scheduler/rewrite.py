@@ -24,6 +24,18 @@ When the plan runs, and when the model's own forward runs instead:
   graph that differs at the new signature. A training step that falls back warns once per
   cause, since its memory is not what the plan predicted.
 
+Under ``torch.compile(plan.module)`` the same dispatch runs, as plain Python that dynamo
+traces and guards on (grad mode, training flag, the inputs' kinds, shapes and dtypes, the
+traced steps held): a training call with the planned inputs (positional, or keywords that bind
+to them) captures the whole checkpointed step, hooks on the root and the wrapping check
+included, in one graph (``fullgraph=True`` holds); the generated step's eager-only
+bookkeeping is skipped there (`executor`). A call the plan runs in no traced step yet is
+traced eagerly (``torch.compiler.disable``: a graph break, once per new signature), and a
+fallback compiles the model's own forward. The predicted peak and the budget hold for the
+eager plan: compiled, inductor allocates buffers of its own (fused kernels, its partition of
+what forward keeps), and the peak can exceed the budget by a few percent; measure it with
+`measurement.compiled.compiled_peak` and leave that headroom.
+
 Copies (``copy.deepcopy``) and pickles (``torch.save(plan.module)``) keep the schedule and
 drop the traced graphs; the first training call traces again.
 """
@@ -119,6 +131,8 @@ class PlanForward:
                 f"regions, {rc} recomputed)")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The planned step or the model's own forward (module docstring). Under
+        ``torch.compile`` this dispatch is traced as it stands: its checks become guards."""
         positional = self._positional(args, kwargs)
         why = self._fallback_reason(positional)
         step = None
@@ -187,7 +201,10 @@ class PlanForward:
             return None, got
         return got, None
 
+    @torch.compiler.disable
     def _trace(self, args: tuple[Any, ...]) -> CheckpointedStep | str:
+        # (under torch.compile, tracing runs eagerly: dynamo would otherwise try to compile
+        # the tracer itself)
         try:
             gm = trace(self.module, args, loss_fn=self.loss_fn)
             return CheckpointedStep(gm, self.schedule, root=self.module)

@@ -1,0 +1,90 @@
+"""Peak memory of a training step of a compiled module (``torch.compile``), from the profiler.
+
+`scheduler.measure` counts storages with a ``TorchDispatchMode``; dynamo skips every frame
+that runs under such a mode, so what it measures of a compiled module is the module run
+eagerly. `compiled_peak` instead reads the allocator's own record: the ``[memory]`` events of
+``torch.profiler.profile(profile_memory=True)`` over one step after the warm-up steps (which
+compile), summed in time order; the peak of that running total, plus `storage.base_bytes`
+(parameters, buffers, inputs, alive before the step), is the step's peak.
+
+What it sees: every allocation and free through c10's allocator on the module's device
+(CPU: eager kernels and inductor's ``empty_strided`` buffers alike; CUDA: the caching
+allocator's tensor allocations), including memory a kernel allocates and frees inside
+itself, which `storage.StorageTracker` does not see. It does not see memory outside that
+allocator (inductor's C++ scratch from ``malloc``, the profiler's own bookkeeping), nor
+gradients that existed before the step (every parameter's ``.grad`` starts at None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn as nn
+from torch.profiler import ProfilerActivity, profile
+
+from ..capture.calls import as_tuple
+from ..capture.trace import default_loss_recipe, preserved_state
+from .storage import base_bytes
+
+__all__ = ["compiled_peak"]
+
+
+def compiled_peak(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *,
+                  loss_fn: Callable[[Any], torch.Tensor] | None = None,
+                  warmup: int = 2) -> int:
+    """Peak bytes of one training step ``loss_fn(module(*inputs)).backward()`` (gradients
+    starting at None), base included; the module's buffers, ``.grad`` and RNG are restored.
+
+    Args:
+        module: any module, typically ``torch.compile(plan.module)``; its default ``loss_fn``
+            is the planned module's (`rewrite.PlanForward.loss_fn`), else
+            `trace.default_loss_recipe`.
+        example_inputs: positional inputs, or a mapping of keyword inputs (passed as keywords).
+        warmup: steps run first, unmeasured (compilation, then one compiled step).
+    """
+    if warmup < 1:
+        raise ValueError(f"warmup must be >= 1 (the first step compiles), got {warmup}")
+    if isinstance(example_inputs, Mapping):
+        args, kwargs = (), dict(example_inputs)
+    else:
+        args, kwargs = as_tuple(example_inputs), {}
+    inner = getattr(module, "_orig_mod", module)  # (torch.compile's wrapper holds the module)
+    loss_fn = loss_fn or getattr(getattr(inner, "forward", None), "loss_fn", None)
+    params = list(module.parameters())
+    device = params[0].device if params else torch.device("cpu")
+
+    def step() -> None:
+        for p in params:
+            p.grad = None
+        out = module(*args, **kwargs)
+        loss = (loss_fn or default_loss_recipe(out))(out)
+        del out
+        loss.backward()
+
+    with preserved_state(inner):
+        for _ in range(warmup):
+            step()
+        for p in params:
+            p.grad = None
+        base = base_bytes(inner, (*args, *kwargs.values()))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
+                                               if device.type == "cuda" else [])
+        with profile(activities=activities, profile_memory=True) as prof:
+            step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        for p in params:
+            p.grad = None
+    kind = "CUDA" if device.type == "cuda" else "CPU"
+    events = sorted((e for e in prof.profiler.kineto_results.events()
+                     if e.name() == "[memory]" and e.device_type().name == kind),
+                    key=lambda e: e.start_ns())
+    current = peak = 0
+    for e in events:
+        current += e.nbytes()
+        peak = max(peak, current)
+    return base + peak
