@@ -316,7 +316,7 @@ def _with_save_sets() -> tuple[CostGraph, Schedule]:
     recorded (relax at 20 s, FEASIBLE), since what a time-limited search returns depends on
     the machine's load."""
     g = random_graph(80, kind="dag", seed=1)
-    s = Schedule.load(DATA_DIR / "dag80_relax70.schedule.json")
+    s = Schedule.load(DATA_DIR / "dag80_relax70_schedule.json")
     s.validate(g)
     return g, s
 
