@@ -134,14 +134,16 @@ class PlanForward:
         """The planned step or the model's own forward (module docstring). Under
         ``torch.compile`` this dispatch is traced as it stands: its checks become guards."""
         positional = self._positional(args, kwargs)
-        why = self._fallback_reason(positional)
+        specs = None if positional is None else input_specs(positional)
+        why = self._fallback_reason(specs)
         step = None
         if why is None:
-            step, why = self._step_for(positional)
+            call = (specs, input_constants(positional), autocast_state())
+            step, why = self._step_for(positional, call)
         if step is None:
             self._warn_fallback(why)
             return self._own_forward(*args, **kwargs)
-        self._warn_unplanned(positional)
+        self._warn_unplanned(call)
         check_wrapping(self.module, step.prog.called_modules, known=self.known_hooks)
         return step(positional)
 
@@ -165,8 +167,9 @@ class PlanForward:
             type(self.module).forward, self.module)
         return bind_call(own, args, kwargs)
 
-    def _fallback_reason(self, args: tuple[Any, ...] | None) -> str | None:
-        """Why this call runs the model's own forward whatever its shapes (None: it need not)."""
+    def _fallback_reason(self, specs: tuple[Any, ...] | None) -> str | None:
+        """Why this call runs the model's own forward whatever its shapes (None: it need not);
+        ``specs`` are its inputs' `input_specs` (None: its arguments do not bind)."""
         info = self.info
         if not torch.is_grad_enabled():
             return "gradients are disabled"
@@ -174,21 +177,21 @@ class PlanForward:
             return (f"the module is in {'training' if self.module.training else 'eval'} mode "
                     f"but was traced in {'training' if info.training else 'eval'} mode; solve "
                     f"or apply with the model in the mode it trains in")
-        if args is None:
+        if specs is None:
             return ("its keyword arguments do not map onto the positional inputs it was "
                     "traced with (a traced input left out, or filled out of order); call it "
                     "with those inputs, in order")
-        specs = input_specs(args)
         if [s is None for s in specs] != [s is None for s in info.input_specs]:
             return (f"it was called with {len(specs)} inputs ({_kinds(specs)}) but traced with "
                     f"{len(info.input_specs)} ({_kinds(info.input_specs)}); call it with the "
                     f"inputs it was traced with, or solve for this call")
         return None
 
-    def _step_for(self, args: tuple[Any, ...]) -> tuple[CheckpointedStep | None, str | None]:
-        """The scheduled step for this call signature, tracing it the first time."""
-        specs = input_specs(args)
-        key = _signature(specs, input_constants(args), autocast_state(), self.info.tracer)
+    def _step_for(self, args: tuple[Any, ...], call: tuple[Any, Any, Any]
+                  ) -> tuple[CheckpointedStep | None, str | None]:
+        """The scheduled step for this call's ``(input specs, constants, autocast state)``,
+        tracing it the first time."""
+        key = _signature(*call, self.info.tracer)
         got = self._steps.get(key)
         if got is None:
             if self.traces >= MAX_TRACES:
@@ -212,17 +215,18 @@ class PlanForward:
             return (f"at these inputs the model traces to another graph than the one the "
                     f"plan was made for ({_first_line(e)}); solve for these inputs")
 
-    def _warn_unplanned(self, args: tuple[Any, ...]) -> None:
-        """Warn once per kind when a training call the plan runs differs from the call it
-        was solved for: its memory there was not predicted."""
+    def _warn_unplanned(self, call: tuple[Any, Any, Any]) -> None:
+        """Warn once per kind when a training call the plan runs (its ``(input specs,
+        constants, autocast state)``) differs from the call it was solved for: its memory
+        there was not predicted."""
         if {"shapes", "constants", "autocast"} <= self._warned:
             return
-        specs = input_specs(args)
+        specs, constants, autocast = call
         checks = {
             "shapes": ([s for s in specs if s], [s for s in self.info.input_specs if s],
                        "tensor inputs of shapes and dtypes"),
-            "constants": (input_constants(args), self.info.constants, "non-tensor arguments"),
-            "autocast": (autocast_state(), self.info.autocast, "autocast (device, dtype)"),
+            "constants": (constants, self.info.constants, "non-tensor arguments"),
+            "autocast": (autocast, self.info.autocast, "autocast (device, dtype)"),
         }
         for kind, (now, then, what) in checks.items():
             if kind in self._warned or tuple(now) == tuple(then):
@@ -236,6 +240,7 @@ class PlanForward:
                 f"{list(then)}: its predicted peak memory holds for that call only. Solve for "
                 f"the largest inputs you train with, in the autocast you train in",
                 RuntimeWarning, stacklevel=4)
+
 
 def _signature(specs: tuple[Any, ...], constants: tuple[Any, ...], autocast: tuple[Any, ...],
                tracer: str) -> tuple[Any, ...]:
