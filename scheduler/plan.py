@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from .budget import budget_spec, infeasible_error, parse_budget
 from .capture.calls import call_inputs
-from .capture.profile import profile_traced, traced_fingerprint
+from .capture.profile import check_profile_options, profile_step, traced_fingerprint
 from .capture.trace import trace
 from .capture.usercode import UserCodeWarning
 from .cost.estimate import Estimate
@@ -213,7 +213,9 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
           budget: int | float | str,
           loss_fn: Callable[[Any], torch.Tensor] | None = None, solver: str = "auto",
           time_limit_s: float | None = 30.0, headroom: float = 0.0, repeats: int = 3,
-          progress: Callable[[str], None] | None = None) -> Plan:
+          progress: Callable[[str], None] | None = None, mode: str = "auto",
+          times: str | None = None, device: str | torch.device | None = None,
+          device_spec: Any = None, small_inputs: Sequence[Any] | None = None) -> Plan:
     """Find the checkpointing schedule with the least recompute time whose predicted peak
     memory fits ``budget``, and apply it.
 
@@ -240,6 +242,13 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
             default 0: the budget is the peak asked for. Pass 0.1 to keep 10% in reserve.
         repeats: timed profile steps (medians are kept).
         progress: called with a short message as each phase starts.
+        mode, times, device, device_spec, small_inputs: how the step is profiled (see
+            `capture.profile.profile`). The default ``mode="auto"`` profiles under fake
+            tensors first and runs the real step only if its predicted peak fits the
+            device's free memory; a model that does not fit is planned from the fake
+            profile (``plan.graph.meta["profile"]`` says which ran). With ``mode="fake"``
+            inputs may be meta tensors or ``(shape, dtype)`` specs; ``device="cuda"`` plans
+            for a device the model is not on (``plan.module`` runs where the model is).
 
     Returns:
         A `Plan`: ``plan.module``, ``plan.estimate``, ``plan.status``, ``plan.save(path)``.
@@ -257,12 +266,11 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     """
     budget_spec(budget)  # fail now, not after profiling
     get_solver(solver)
+    check_profile_options(mode, times, device_spec)
     say = progress or (lambda _msg: None)
-    inputs = call_inputs(model, example_inputs)
-    say("tracing")
-    gm = trace(model, inputs, loss_fn=loss_fn)
-    graph = profile_traced(gm, model, inputs, repeats=repeats, name=type(model).__name__,
-                           progress=say)
+    gm, graph, inputs = profile_step(model, example_inputs, loss_fn=loss_fn, repeats=repeats,
+                                     progress=say, mode=mode, times=times, device=device,
+                                     device_spec=device_spec, small_inputs=small_inputs)
     say(f"solving with {solver}")
     result = solve_graph(graph, budget, solver=solver, time_limit_s=time_limit_s,
                          headroom=headroom)
@@ -273,7 +281,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
                                      status=schedule.status, gap=schedule.gap)
     unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
     budget_bytes = parse_budget(budget, unconstrained)
-    own = _own_peak(gm, model, inputs, budget_bytes, result.estimate, say)
+    own = (_own_peak(gm, model, inputs, budget_bytes, result.estimate, say)
+           if graph.meta.get("profile", {}).get("mode") != "fake" else None)
     return Plan(module=rewrite(gm, result.schedule, model), schedule=result.schedule,
                 estimate=result.estimate, status=result.status, gap=result.gap,
                 solve_s=result.solve_s, graph=graph, result=result,

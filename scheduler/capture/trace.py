@@ -149,13 +149,17 @@ def preserved_state(model: nn.Module) -> Iterator[None]:
 
 
 def trace(model: nn.Module, example_inputs: Sequence[Any], *,
-          loss_fn: Callable[[Any], torch.Tensor] | None = None) -> fx.GraphModule:
+          loss_fn: Callable[[Any], torch.Tensor] | None = None,
+          fake: Any = None) -> fx.GraphModule:
     """Capture one forward of ``model`` on ``example_inputs``, plus the loss, as a graph.
 
     Args:
         model: the model; not modified.
         example_inputs: positional inputs (a tuple; a single tensor is accepted).
         loss_fn: ``loss_fn(model_output) -> scalar``; default: `default_loss_recipe`.
+        fake: a `fake.FakeStep`: the forward that finds the output's structure runs under
+            it, on fake tensors, so that tracing allocates nothing of activation size (the
+            inputs may then be fake tensors of it, and `torch.export` traces with them).
 
     Returns:
         A ``GraphModule`` computing ``(model_output, loss)`` whose parameters are the model's
@@ -177,7 +181,8 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     inputs = as_tuple(example_inputs)
     watch = usercode.Watch()  # the model's own checkpoint calls run as plain calls
-    with preserved_state(model), torch.no_grad(), watch.running():
+    probe = fake.active(model) if fake is not None else contextlib.nullcontext()
+    with preserved_state(model), torch.no_grad(), watch.running(), probe:
         out = model(*inputs)
         if loss_fn is None:
             loss_fn = default_loss_recipe(out)

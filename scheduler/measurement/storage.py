@@ -26,12 +26,15 @@ class StorageTracker(TorchDispatchMode):
     ``current_bytes``/``peak_bytes`` include the storages passed to `register` beforehand
     (parameters, inputs). ``on_alloc(storage_key, nbytes)`` and ``on_free(storage_key, nbytes)``
     callbacks, when given, see every new storage and every death, in order; the key is stable
-    for the storage's lifetime.
+    for the storage's lifetime. ``size(nbytes)``, when given, is what a storage of ``nbytes``
+    counts for (e.g. `capture.fake.rounded_bytes` for CUDA's allocator).
     """
 
     def __init__(self, *, on_alloc: Callable[[int, int], None] | None = None,
-                 on_free: Callable[[int, int], None] | None = None):
+                 on_free: Callable[[int, int], None] | None = None,
+                 size: Callable[[int], int] | None = None):
         super().__init__()
+        self.size = size or (lambda n: n)
         self._live: dict[int, tuple[weakref.ref, int]] = {}
         self.current_bytes = 0
         self.peak_bytes = 0
@@ -47,7 +50,7 @@ class StorageTracker(TorchDispatchMode):
         k = id(st)
         if k in self._live:
             return False
-        n = st.nbytes()
+        n = self.size(st.nbytes())
 
         def _dead(_ref: weakref.ref, k: int = k, n: int = n) -> None:
             if self._live.pop(k, None) is not None:
