@@ -39,8 +39,9 @@ __all__ = ["FakeProfileError", "FakeStep", "OpCounter", "fake_failure", "free_by
 CUDA_BLOCK = 512
 
 
-class FakeProfileError(RuntimeError):
-    """A step cannot be profiled under fake tensors; the message names the op and the fix."""
+class FakeProfileError(ValueError):
+    """A step cannot be profiled under fake tensors (an op they cannot follow, a device this
+    build cannot fake); the message names the op or device and the fix."""
 
 
 def is_spec(x: Any) -> bool:

@@ -19,9 +19,9 @@ from typing import Any
 from scheduler.cli.spec import SpecError, split_spec
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "PROG", "USER_ERRORS",
-           "add_json_and_quiet", "add_model_spec", "add_solver_options", "default_out",
+           "add_json_and_quiet", "add_model_spec", "add_profile_options", "add_solver_options", "default_out",
            "fraction", "int_list", "names", "need_matplotlib", "positive_float", "positive_int",
-           "prepare_out", "profile_model", "run_quietly_or_not"]
+           "prepare_out", "profile_model", "profile_options", "run_quietly_or_not"]
 
 PROG = "scheduler"
 EXIT_OK = 0
@@ -32,16 +32,51 @@ EXIT_INTERRUPTED = 130
 USER_ERRORS = (SpecError, ValueError, FileNotFoundError)
 
 
-def profile_model(model: Any, inputs: tuple[Any, ...], *, loss_fn: Any, repeats: int | None
-                  ) -> Any:
-    """``scheduler.profile`` with the profiler's default ``repeats`` where None; the tests
-    replace this hook with a fake (the ``profile`` verb looks it up at each call)."""
+def profile_model(model: Any, inputs: tuple[Any, ...], *, loss_fn: Any, repeats: int | None,
+                  **options: Any) -> Any:
+    """``scheduler.profile`` with the profiler's default ``repeats`` where None, and the
+    `profile_options` given; the tests replace this hook with a fake (the ``profile`` verb
+    looks it up at each call)."""
     from scheduler.capture.profile import profile
 
-    kwargs: dict[str, Any] = {"loss_fn": loss_fn}
+    kwargs: dict[str, Any] = {"loss_fn": loss_fn, **options}
     if repeats is not None:
         kwargs["repeats"] = repeats
     return profile(model, inputs, **kwargs)
+
+
+def add_profile_options(parser: argparse.ArgumentParser) -> None:
+    """``--mode``, ``--times``, ``--device`` and ``--device-spec``: how the step is profiled."""
+    parser.add_argument(
+        "--mode", choices=("auto", "real", "fake"), default="auto",
+        help="how memory is recorded: 'real' runs the step; 'fake' runs it under fake tensors, "
+        "allocating no activations (for a model that does not fit); 'auto' (default) records "
+        "it fake and runs it for real only if its predicted peak fits free memory",
+    )
+    parser.add_argument(
+        "--times", choices=("measured", "isolated", "scaled", "roofline"), default=None,
+        help="node times of a fake profile: 'isolated' (default: each node run alone at full "
+        "size), 'scaled' (a real profile at a smaller batch, scaled by FLOPs and bytes), "
+        "'roofline' (no run: --device-spec's peak rates); a real profile measures them",
+    )
+    parser.add_argument(
+        "--device", default=None, metavar="DEVICE",
+        help="the device to plan for (default: the model's); with a fake profile it may be "
+        "one the model is not on, e.g. cuda",
+    )
+    parser.add_argument(
+        "--device-spec", default=None, metavar="NAME",
+        help="for --times roofline: a100, h100, h200, l4 or cpu",
+    )
+
+
+def profile_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of `add_profile_options` for ``profile``/``solve``."""
+    from scheduler.capture.profile import check_profile_options
+
+    check_profile_options(args.mode, args.times, args.device_spec)
+    return {"mode": args.mode, "times": args.times, "device": args.device,
+            "device_spec": args.device_spec}
 
 
 # ---------------------------------------------------------------------------- argument types

@@ -17,6 +17,7 @@ _EPILOG = """\
 examples:
   scheduler profile examples/gpt.py:build --out graphs/gpt.json
   scheduler profile mypackage.models:tiny --repeats 5 --quiet
+  scheduler profile examples/gpt.py:build --mode fake --times roofline --device-spec h100
 """
 
 
@@ -45,6 +46,7 @@ def add_parser(subparsers: Any) -> None:
         metavar="N",
         help="timed repetitions per node (default: the profiler's own default)",
     )
+    common.add_profile_options(parser)
     parser.add_argument(
         "--quiet", action="store_true", help="print no spinner and no summary; errors still go to stderr"
     )
@@ -56,15 +58,18 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.out if args.out is not None else common.default_out(args.model_spec)
     # Fail on an unwritable destination now, not after minutes of profiling.
     common.prepare_out(out, "--out", "graph.json")
+    options = common.profile_options(args)
 
     model, inputs, loss_fn = load_factory(args.model_spec)
     if args.quiet:
-        graph = common.profile_model(model, inputs, loss_fn=loss_fn, repeats=args.repeats)
+        graph = common.profile_model(model, inputs, loss_fn=loss_fn, repeats=args.repeats,
+                                     **options)
     else:
         from rich.console import Console
 
         with Console(stderr=True).status(f"Profiling {args.model_spec} ..."):
-            graph = common.profile_model(model, inputs, loss_fn=loss_fn, repeats=args.repeats)
+            graph = common.profile_model(model, inputs, loss_fn=loss_fn, repeats=args.repeats,
+                                         **options)
     graph.save(out)
     if not args.quiet:
         _print_summary(graph, out)
@@ -91,8 +96,18 @@ def _print_summary(graph: Any, out: Path) -> None:
     table.add_row("parameters", maybe_bytes(graph.param_bytes))
     table.add_row("inputs", maybe_bytes(graph.input_bytes))
     table.add_row("saved activations", maybe_bytes(graph.saved_bytes()))
-    table.add_row("measured peak", maybe_bytes(graph.measured_peak_bytes))
-    table.add_row("measured step", maybe_seconds(graph.measured_step_s))
+    meta = getattr(graph, "meta", None)
+    how = meta.get("profile", {}) if isinstance(meta, dict) else {}
+    if how.get("mode") == "fake":
+        table.add_row("profile", f"fake tensors ({how.get('why', '')})")
+        table.add_row("times", str(meta.get("times", "")))
+        table.add_row("measured peak", "n/a (not run)")
+        table.add_row("predicted step", maybe_seconds(graph.measured_step_s))
+    else:
+        if how:
+            table.add_row("profile", f"real ({how.get('why', '')})")
+        table.add_row("measured peak", maybe_bytes(graph.measured_peak_bytes))
+        table.add_row("measured step", maybe_seconds(graph.measured_step_s))
     table.add_row("forward (sum of nodes)", format_seconds(forward_s))
     console = Console()
     console.print(table)

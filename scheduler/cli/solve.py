@@ -10,10 +10,12 @@ from typing import Any
 from scheduler.cli.common import (
     EXIT_OK,
     add_model_spec,
+    add_profile_options,
     default_out,
     positive_float,
     positive_int,
     prepare_out,
+    profile_options,
 )
 from scheduler.cli.spec import load_factory
 from scheduler.units import format_bytes, format_seconds
@@ -25,6 +27,7 @@ examples:
   scheduler solve examples/gpt.py:build --budget 60% --out gpt.schedule.json
   scheduler solve examples/mlp.py:build --budget 6GiB --solver greedy --quiet
   scheduler solve examples/mlp.py:build --budget 0.5 --solver uniform:4
+  scheduler solve examples/gpt.py:build --budget 2GiB --mode fake --device cuda
 
 budgets: bytes ('6GiB', '512MB', '1.5e9', '1024') or a fraction of the unscheduled
 predicted peak ('60%', '0.6').
@@ -65,6 +68,7 @@ def add_parser(subparsers: Any) -> None:
         "--repeats", type=positive_int, default=None, metavar="N",
         help="timed profile steps (default: the profiler's own default)",
     )
+    add_profile_options(parser)
     parser.add_argument(
         "--out", type=Path, default=None, metavar="PATH",
         help="where to write the schedule JSON (default: <file-or-module>-<factory>.schedule.json "
@@ -91,10 +95,12 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.headroom < 1:
         raise ValueError(f"--headroom must be a fraction in [0, 1), got {args.headroom}")
     prepare_out(out, "--out", "schedule.json")
+    options = profile_options(args)
 
     model, inputs, loss_fn = load_factory(args.model_spec)
     kwargs: dict[str, Any] = dict(budget=args.budget, loss_fn=loss_fn, solver=args.solver,
-                                  time_limit_s=args.time_limit, headroom=args.headroom)
+                                  time_limit_s=args.time_limit, headroom=args.headroom,
+                                  **options)
     if args.repeats is not None:
         kwargs["repeats"] = args.repeats
     if args.quiet:
@@ -144,6 +150,11 @@ def print_plan(plan: Any, out: Path) -> None:
     table.add_row("predicted peak", f"{format_bytes(e.peak_bytes)} "
                   f"({e.peak_bytes / plan.budget_bytes:.0%} of budget)")
     table.add_row("unscheduled peak", format_bytes(plan.unconstrained_peak_bytes))
+    meta = getattr(getattr(plan, "graph", None), "meta", None)
+    how = meta.get("profile", {}) if isinstance(meta, dict) else {}
+    if how:
+        times = f", {meta.get('times')} times" if how.get("mode") == "fake" else ""
+        table.add_row("profile", f"{how['mode']}{times} ({how.get('why', '')})")
     table.add_row("recompute time", format_seconds(e.recompute_s))
     table.add_row("overhead", f"+{e.overhead:.1%}")
     table.add_row("predicted step", format_seconds(e.step_s))

@@ -255,8 +255,9 @@ class FakeCostGraph:
 def fake_profile(monkeypatch):
     calls = []
 
-    def fake(model, inputs, *, loss_fn, repeats):
-        calls.append({"model": model, "inputs": inputs, "loss_fn": loss_fn, "repeats": repeats})
+    def fake(model, inputs, *, loss_fn, repeats, **options):
+        calls.append({"model": model, "inputs": inputs, "loss_fn": loss_fn, "repeats": repeats,
+                      **options})
         return FakeCostGraph()
 
     monkeypatch.setattr(common, "profile_model", fake)

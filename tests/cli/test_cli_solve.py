@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import scheduler
+import scheduler.capture.profile
 from scheduler import cli
 from scheduler.ir.schedule import Schedule
 from scheduler.units import format_bytes
@@ -64,6 +65,7 @@ def no_profiling(monkeypatch):
         raise AssertionError("the model was traced before the arguments were checked")
 
     monkeypatch.setattr(scheduler.plan, "trace", boom)
+    monkeypatch.setattr(scheduler.capture.profile, "trace", boom)
 
 
 # ------------------------------------------------------------------------------ solve
