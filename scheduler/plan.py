@@ -20,8 +20,7 @@ import torch.nn as nn
 
 from .budget import budget_spec, infeasible_error, parse_budget
 from .capture.calls import call_inputs
-from .capture.profile import check_profile_options, profile_step, traced_fingerprint
-from .capture.trace import trace
+from .capture.profile import check_profile_options, profile_step, trace_without_running
 from .capture.usercode import UserCodeWarning
 from .cost.estimate import Estimate
 from .cost.simulate import simulate
@@ -159,9 +158,9 @@ def apply(model: nn.Module, schedule: Schedule | str | Path,
     if not isinstance(schedule, Schedule):
         schedule = Schedule.load(schedule)
     inputs = call_inputs(model, example_inputs)
-    gm = trace(model, inputs, loss_fn=loss_fn)
+    gm, fp = trace_without_running(model, inputs, loss_fn=loss_fn,
+                                   fingerprint=bool(schedule.fingerprint))
     if schedule.fingerprint:
-        fp = traced_fingerprint(gm, model, inputs)
         if fp != schedule.fingerprint:
             raise ScheduleError(
                 f"the schedule was made for a graph with fingerprint {schedule.fingerprint!r}, "

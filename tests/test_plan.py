@@ -12,6 +12,7 @@ from _chain import chain
 from conftest import budget_bytes, unscheduled_peak
 
 import scheduler
+import scheduler.capture.profile
 from scheduler import InfeasibleBudgetError, Plan, parse_budget, solve_graph
 from scheduler.cost.simulate import simulate
 from scheduler.ir.schedule import Schedule
@@ -259,7 +260,7 @@ def test_solve_rejects_a_bad_budget_or_solver_before_profiling(mlp, monkeypatch)
     def boom(*args, **kwargs):
         raise AssertionError("traced before the arguments were checked")
 
-    monkeypatch.setattr(scheduler.plan, "trace", boom)
+    monkeypatch.setattr(scheduler.capture.profile, "trace", boom)
     with pytest.raises(ValueError, match="bad budget '150%'"):
         scheduler.solve(model, inputs, budget="150%", solver="greedy")
     with pytest.raises(UnknownSolverError, match="'magic'"):

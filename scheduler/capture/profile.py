@@ -32,7 +32,7 @@ from .timing import checkpoint_costs
 from .trace import TraceError, preserved_state, trace
 
 __all__ = ["MODES", "TIMES", "check_profile_options", "profile", "profile_step",
-           "profile_traced", "traced_fingerprint"]
+           "profile_traced", "trace_without_running", "traced_fingerprint"]
 
 
 #: how a profile's memory is recorded (`profile`'s ``mode``)
@@ -219,3 +219,27 @@ def _fake_times(kind: str, prog: Program, model: nn.Module, rec: Rec,
         return node_times.isolated_times(prog, model, rec, inputs, fake, repeats)
     return node_times.scaled_times(prog, model, rec, inputs, fake, repeats, small_inputs,
                                    loss_fn, say)
+
+
+def trace_without_running(model: nn.Module, inputs: tuple[Any, ...], *,
+                          loss_fn: Callable[[Any], torch.Tensor] | None = None,
+                          fingerprint: bool = False) -> tuple[fx.GraphModule, str | None]:
+    """`trace` (and, with ``fingerprint``, `traced_fingerprint`) with the forwards they run on
+    fake tensors, so that applying a schedule to a model too big to run unscheduled allocates
+    nothing of activation size; where fake tensors cannot run the model, on real ones (with
+    inputs that fit), as `trace` always did."""
+    why_fake = needs_fake(inputs)
+    try:
+        fake = FakeStep(model)
+        finputs = fake.inputs(inputs)
+        gm = trace(model, finputs, loss_fn=loss_fn, fake=fake)
+        fp = traced_fingerprint(gm, model, finputs, fake=fake) if fingerprint else None
+        return gm, fp
+    except Exception as e:  # noqa: BLE001 - the real forward raises what is genuinely wrong
+        if why_fake:
+            failure = fake_failure(e)
+            if failure is not None and failure is not e:
+                raise failure from e
+            raise
+    gm = trace(model, inputs, loss_fn=loss_fn)
+    return gm, traced_fingerprint(gm, model, inputs) if fingerprint else None

@@ -20,6 +20,7 @@ and RNG state are restored).
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -341,9 +342,11 @@ def _shape_str(value: Any) -> str:
     return " ".join(parts)
 
 
-def traced_fingerprint(gm: fx.GraphModule, model: nn.Module, inputs: tuple[Any, ...]) -> str:
+def traced_fingerprint(gm: fx.GraphModule, model: nn.Module, inputs: tuple[Any, ...], *,
+                       fake: Any = None) -> str:
     """The `CostGraph.fingerprint` that profiling ``gm`` would give, from one no-grad forward
-    (no profiling): used to check that a saved schedule fits a model."""
+    (no profiling): used to check that a saved schedule fits a model. With a `fake.FakeStep`
+    (and ``inputs`` its fakes) the forward runs on fake tensors."""
     prog = Program(gm)
     shapes: dict[str, str] = {}
 
@@ -352,7 +355,8 @@ def traced_fingerprint(gm: fx.GraphModule, model: nn.Module, inputs: tuple[Any, 
         shapes[node.name] = _shape_str(out)
         return out
 
-    with preserved_state(model), torch.no_grad():
+    active = fake.active(model, gm) if fake is not None else contextlib.nullcontext()
+    with preserved_state(model), torch.no_grad(), active:
         prog.run(inputs, around=around)
     compute = {n.name for n in prog.nodes}
     return structure_fingerprint(
