@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from .budget import InfeasibleBudgetError, parse_budget
     from .capture.fake import FakeProfileError
     from .capture.profile import profile
-    from .capture.roofline import DEVICE_SPECS, DeviceSpec
+    from .capture.roofline import DeviceSpec
     from .capture.trace import TraceError, trace
     from .cost.estimate import Estimate
     from .cost.simulate import simulate
@@ -34,7 +34,7 @@ _SOURCES = {
     ".budget": ("InfeasibleBudgetError", "parse_budget"),
     ".capture.fake": ("FakeProfileError",),
     ".capture.profile": ("profile",),
-    ".capture.roofline": ("DEVICE_SPECS", "DeviceSpec"),
+    ".capture.roofline": ("DeviceSpec",),
     ".capture.trace": ("TraceError", "trace"),
     ".cost.estimate": ("Estimate",),
     ".cost.simulate": ("simulate",),
@@ -51,9 +51,9 @@ _SOURCES = {
 }
 _SOURCE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 
-__all__ = ["DEVICE_SPECS", "Advice", "Comparison", "CostGraph", "CostGraphError",
-           "DeviceSpec", "Estimate", "FakeProfileError", "InfeasibleBudgetError", "MaxBatch", "Measurement", "Plan", "PlanForward", "Region",
-           "Schedule", "ScheduleError", "StepBreakdown", "TraceError", "advise", "apply",
+__all__ = ["Advice", "Comparison", "CostGraph", "CostGraphError", "DeviceSpec", "Estimate",
+           "FakeProfileError", "InfeasibleBudgetError", "MaxBatch", "Measurement", "Plan",
+           "PlanForward", "Region", "Schedule", "ScheduleError", "StepBreakdown", "TraceError", "advise", "apply",
            "compare", "max_batch", "measure", "measure_training_step", "parse_budget",
            "planned", "profile", "simulate", "solve", "solve_graph", "trace"]
 __version__ = "0.1.0"
