@@ -39,13 +39,21 @@ from .timing import GradFnIndex, checkpoint_costs, time_steps
 from .trace import block_of, module_path, preserved_state
 
 __all__ = ["Rec", "Recorder", "TensorMeta", "build_graph", "device_of", "profile_traced",
-           "traced_fingerprint"]
+           "record_traced", "traced_fingerprint"]
 
 
 def profile_traced(gm: fx.GraphModule, model: nn.Module, inputs: tuple[Any, ...], *,
                    repeats: int = 3, name: str = "model",
                    progress: Callable[[str], None] | None = None) -> CostGraph:
     """`profile` for a graph already traced with `trace` (so it is traced only once)."""
+    return record_traced(gm, model, inputs, repeats=repeats, name=name, progress=progress)[0]
+
+
+def record_traced(gm: fx.GraphModule, model: nn.Module, inputs: tuple[Any, ...], *,
+                  repeats: int = 3, name: str = "model",
+                  progress: Callable[[str], None] | None = None) -> tuple[CostGraph, Rec]:
+    """`profile_traced`, also returning the `Rec` of the recorded step (its per-op counts,
+    ``fwd_ops`` and ``step_ops``, are what `node_times.scaled_times` scales by)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     say = progress or (lambda _msg: None)
@@ -62,7 +70,7 @@ def profile_traced(gm: fx.GraphModule, model: nn.Module, inputs: tuple[Any, ...]
     call_s, saved_s = checkpoint_costs(params[0].device if params else torch.device("cpu"))
     g = build_graph(prog, rec, fwd_t, bwd_t, m, name, inputs, sac_t)
     g.checkpoint_call_s, g.checkpoint_saved_s = call_s, saved_s
-    return g
+    return g, rec
 
 
 @dataclass
@@ -104,8 +112,9 @@ class TensorMeta:
 
 
 def _metas(value: Any) -> Any:
+    # (a torch.Size stays one: pytree would make it a plain tuple)
     return pytree.tree_map(lambda x: TensorMeta.of(x) if isinstance(x, torch.Tensor) else x,
-                           value)
+                           value, is_leaf=lambda x: isinstance(x, torch.Size))
 
 
 class Recorder:
