@@ -37,9 +37,11 @@ from scheduler.ir.graph import CostGraph
 #: with one thread: isolated/real between 0.5 and 1.0 (a node alone runs on inputs just
 #: written, so in cache, and the real profile's times are rescaled to add up to the measured
 #: step, which includes the Python between nodes). A burst of load from another process
-#: during one of the two medians can double it: 3x leaves room for that, and still fails a
-#: time that is wrong by an order of magnitude (a missed sync, a backward timed as nothing).
+#: during one of the two medians can double or triple one node's: so each node is held to
+#: an order of magnitude (`NODE_FACTOR`: what a missed sync or a backward timed as nothing
+#: breaks), and the sum over the nodes checked, which one burst moves much less, to 3x.
 FACTOR = 3.0
+NODE_FACTOR = 10.0
 
 MATMUL_MODULES = (nn.Linear, nn.Conv2d, nn.ConvTranspose2d)
 MATMUL_TARGETS = ("mm", "addmm", "bmm", "matmul", "linear", "baddbmm", "convolution",
@@ -157,8 +159,8 @@ def test_isolated_ranks_matmuls_above_elementwise(profiles: Any) -> None:
 
 def test_isolated_within_a_factor_of_the_real_profile(build_example: Any) -> None:
     """On a GPT whose matmuls and attention take milliseconds, each node's isolated time is
-    within `FACTOR` of its time in the real profile, forward and backward, for the nodes
-    above 1 ms in the real profile. Both are profiled in 3 alternating rounds and each
+    within `NODE_FACTOR` of its time in the real profile, forward and backward, for the
+    nodes above 1 ms in the real profile, and their sum within `FACTOR` of the real sum. Both are profiled in 3 alternating rounds and each
     node's median over the rounds is compared, so that a burst of load elsewhere on the
     machine does not land on one side only."""
     model, inputs = build_example("gpt", batch=8, block_size=128, n_layer=2, n_head=4,
@@ -173,16 +175,19 @@ def test_isolated_within_a_factor_of_the_real_profile(build_example: Any) -> Non
         return statistics.median(getattr(g.node(name), field) for g in rounds[kind])
 
     checked, off = [], []
+    real_sum = isolated_sum = 0.0
     for n in rounds["real"][0].nodes:
         for field in ("time_s", "bwd_time_s"):
             r, i = med("real", n.name, field), med("isolated", n.name, field)
             if r > 1e-3:
                 checked.append((n.name, field))
-                if not (r / FACTOR <= i <= r * FACTOR):
+                real_sum, isolated_sum = real_sum + r, isolated_sum + i
+                if not (r / NODE_FACTOR <= i <= r * NODE_FACTOR):
                     off.append(f"{n.name} {field}: real {r * 1e3:.2f} ms, isolated "
                                f"{i * 1e3:.2f} ms")
     assert len(checked) >= 6, checked
     assert not off, "; ".join(off)
+    assert real_sum / FACTOR <= isolated_sum <= real_sum * FACTOR, (real_sum, isolated_sum)
 
 
 def test_isolated_in_place_and_leaf_module(build_example: Any) -> None:
