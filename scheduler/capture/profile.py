@@ -23,7 +23,8 @@ from ..ir.schedule import Schedule
 from ..units import format_bytes
 from . import node_times
 from .calls import call_inputs
-from .fake import FakeStep, fake_failure, free_bytes, is_spec, needs_fake, spec_of
+from .fake import (FakeStep, fake_failure, free_bytes, is_spec, needs_fake, parse_device,
+                   rejected_inputs, spec_of)
 from .program import Program
 from .record import Rec, Recorder, build_graph, device_of, profile_traced, traced_fingerprint
 from .roofline import device_spec as device_spec_of
@@ -127,16 +128,20 @@ def profile_step(model: nn.Module, example_inputs: Any, *,
     fake_times = check_profile_options(mode, times, device_spec, headroom)
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    inputs = call_inputs(model, _specs_as_meta(example_inputs))
+    given = _specs_as_meta(example_inputs)
+    inputs = call_inputs(model, given)
     say = progress or (lambda _msg: None)
     name = name or type(model).__name__
-    why_fake = needs_fake(inputs)
-    if mode == "real" and why_fake:
-        raise ValueError(f"mode='real' runs the step, but {why_fake}; give real tensors, or "
-                         f"profile with mode='fake'")
-    if mode == "real" or (mode == "auto" and times == "measured"):
+    why_fake = needs_fake(given, model)
+    real_only = mode == "real" or (mode == "auto" and times == "measured")
+    if real_only and why_fake:
+        runs = f"mode={mode!r}" + (" with times='measured'" if mode == "auto" else "")
+        raise ValueError(f"{runs} runs the step, but {why_fake}; give real tensors and a model "
+                         f"with real parameters, or profile with mode='fake'")
+    if real_only:
+        _check_real_device(device, device_of(model, inputs), mode)
         say("tracing")
-        gm = trace(model, inputs, loss_fn=loss_fn)
+        gm = _trace(model, inputs, loss_fn)
         g = profile_traced(gm, model, inputs, repeats=repeats, name=name, progress=say)
         g.meta["profile"] = {"mode": "real", "why": f"mode={mode!r}"}
         return gm, g, inputs
@@ -144,7 +149,7 @@ def profile_step(model: nn.Module, example_inputs: Any, *,
     say("tracing (fake tensors)")
     finputs = fake.inputs(inputs)
     try:
-        gm = trace(model, finputs, loss_fn=loss_fn, fake=fake)
+        gm = _trace(model, finputs, loss_fn, fake)
         say("recording memory and saved tensors (fake tensors)")
         prog = Program(gm)
         with preserved_state(model), fake.active(model, gm):
@@ -158,7 +163,7 @@ def profile_step(model: nn.Module, example_inputs: Any, *,
         if failure is None and isinstance(e, TraceError):
             raise
         say("fake tensors cannot run this step: profiling it for real")
-        gm = trace(model, inputs, loss_fn=loss_fn)
+        gm = _trace(model, inputs, loss_fn)
         g = profile_traced(gm, model, inputs, repeats=repeats, name=name, progress=say)
         g.meta["profile"] = {"mode": "real", "why": f"fake tensors failed: "
                              f"{(failure or e).args[0] if (failure or e).args else e!r}"[:300]}
@@ -193,6 +198,32 @@ def profile_step(model: nn.Module, example_inputs: Any, *,
     if fake.device.type == own_device.type and fake.device.type != "meta":
         g.checkpoint_call_s, g.checkpoint_saved_s = checkpoint_costs(fake.device)
     return gm, g, inputs
+
+
+def _trace(model: nn.Module, inputs: tuple[Any, ...], loss_fn: Any,
+           fake: FakeStep | None = None) -> fx.GraphModule:
+    """`trace`, with the model's own error on these inputs (a shape or dtype it does not
+    take) raised as a one-line `RejectedInputsError`."""
+    try:
+        return trace(model, inputs, loss_fn=loss_fn, fake=fake)
+    except Exception as e:  # noqa: BLE001 - re-raised as is unless the model rejected inputs
+        rejected = rejected_inputs(e, model, inputs, fake=fake is not None)
+        if rejected is None:
+            raise
+        raise rejected from e
+
+
+def _check_real_device(device: Any, own: torch.device, mode: str) -> None:
+    """A real profile runs where the model is: ``device`` (when given) must be that one."""
+    if device is None:
+        return
+    want = parse_device(device)
+    if want.type == own.type and (want.index is None or want.index == (own.index or 0)):
+        return
+    fake = (f", or plan for {want} without running on it with mode='fake'"
+            if want.type == "cuda" else "")
+    raise ValueError(f"mode={mode!r} runs the step where the model and inputs are ({own}), "
+                     f"not on device={str(want)!r}; move them there first{fake}")
 
 
 def _specs_as_meta(example_inputs: Any) -> Any:

@@ -107,6 +107,9 @@ class GradFnIndex:
     def __init__(self, on_enter: Callable[[str], None]):
         self.on_enter = on_enter
         self.seen: dict[int, Any] = {}  # id -> grad_fn (kept alive so ids stay unique)
+        # the pre-hooks, removed by `clear`: an autograd node may outlive the step (autocast
+        # caches a parameter's cast, and its grad_fn, across the steps of one autocast block)
+        self.handles: list[Any] = []
 
     def claim(self, name: str, outputs: list[torch.Tensor]) -> None:
         stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
@@ -117,10 +120,13 @@ class GradFnIndex:
             self.seen[id(fn)] = fn
             if type(fn).__name__ == "AccumulateGrad":
                 continue
-            fn.register_prehook(lambda _g, name=name: self.on_enter(name))
+            self.handles.append(fn.register_prehook(lambda _g, name=name: self.on_enter(name)))
             stack.extend(f for f, _ in fn.next_functions)
 
     def clear(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
         self.seen.clear()
 
 
