@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .budget import InfeasibleBudgetError, parse_budget
-    from .capture.fake import FakeProfileError
+    from .capture.fake import FakeProfileError, RejectedInputsError
     from .capture.profile import profile
     from .capture.roofline import DeviceSpec
     from .capture.trace import TraceError, trace
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 # The module each exported name comes from (the same as the imports above).
 _SOURCES = {
     ".budget": ("InfeasibleBudgetError", "parse_budget"),
-    ".capture.fake": ("FakeProfileError",),
+    ".capture.fake": ("FakeProfileError", "RejectedInputsError"),
     ".capture.profile": ("profile",),
     ".capture.roofline": ("DeviceSpec",),
     ".capture.trace": ("TraceError", "trace"),
@@ -53,8 +53,8 @@ _SOURCE_OF = {name: module for module, names in _SOURCES.items() for name in nam
 
 __all__ = ["Advice", "Comparison", "CostGraph", "CostGraphError", "DeviceSpec", "Estimate",
            "FakeProfileError", "InfeasibleBudgetError", "MaxBatch", "Measurement", "Plan",
-           "PlanForward", "Region", "Schedule", "ScheduleError", "StepBreakdown", "TraceError", "advise", "apply",
-           "compare", "max_batch", "measure", "measure_training_step", "parse_budget",
+           "PlanForward", "Region", "RejectedInputsError", "Schedule", "ScheduleError",
+           "StepBreakdown", "TraceError", "advise", "apply", "compare", "max_batch", "measure", "measure_training_step", "parse_budget",
            "planned", "profile", "simulate", "solve", "solve_graph", "trace"]
 __version__ = "0.1.0"
 
