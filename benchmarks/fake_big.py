@@ -74,15 +74,12 @@ def peak_rss_bytes() -> int:
 
 
 def available_bytes() -> int | None:
-    """The machine's available memory (``MemAvailable``), None where it is not known."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    """The machine's available memory (`capture.fake.free_bytes` of the CPU)."""
+    import torch
+
+    from scheduler.capture.fake import free_bytes
+
+    return free_bytes(torch.device("cpu"))
 
 
 def total_bytes() -> int | None:

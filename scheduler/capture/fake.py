@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 from typing import Any, Iterable, Iterator, Sequence
 
 import torch
@@ -389,7 +390,6 @@ def free_bytes(device: torch.device) -> int | None:
         except OSError:
             pass
         try:
-            import os
             return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError, AttributeError):
             return None
