@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .files import check_destination, write_atomic
 from .units import format_bytes, format_seconds
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -172,8 +173,10 @@ def _figure(**kwargs: Any) -> "Figure":
 
 def _save(fig: "Figure", path: str | Path | None) -> None:
     if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110, format="png")
+        dest = check_destination(path, "png", what="the plot")
+        buf = io.BytesIO()
+        fig.savefig(buf, dpi=110, format="png")
+        write_atomic(dest, buf.getvalue())
 
 
 def plot_comparison(comparison: "Comparison", path: str | Path | None = None) -> "Figure":

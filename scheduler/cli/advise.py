@@ -14,6 +14,7 @@ from scheduler.cli.common import (
     run_quietly_or_not,
 )
 from scheduler.cli.spec import load_factory
+from scheduler.files import write_atomic
 
 __all__ = ["add_parser", "run"]
 
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                                                          **kwargs))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(advice.to_json())
+        write_atomic(args.json, advice.to_json())
     if not args.quiet:
         from rich.console import Console
 

@@ -14,6 +14,7 @@ from scheduler.cli.common import (
     positive_float,
     prepare_out,
 )
+from scheduler.files import write_atomic
 from scheduler.report import console as make_console
 
 __all__ = ["add_parser", "run"]
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
                  solvers=names(args.solver) or (*EXACT, *BASELINES),
                  time_limit_s=args.time_limit, progress=not args.quiet)
     if args.json is not None:
-        args.json.write_text(json.dumps([r.to_dict() for r in rows], indent=2) + "\n")
+        write_atomic(args.json, json.dumps([r.to_dict() for r in rows], indent=2) + "\n")
     if not args.quiet:
         console = make_console()
         console.print(bench_table(rows))

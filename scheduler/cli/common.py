@@ -189,13 +189,18 @@ def default_out(spec: str) -> Path:
 
 
 def prepare_out(path: Path | None, flag: str, example: str) -> None:
-    """Make ``path``'s folder and refuse a directory, before any long work starts."""
+    """Check before any long work starts that ``path`` can be written as a file of the kind
+    ``example`` names by its suffix (``schedule.json``, ``compare.png``, ``compare.csv``):
+    its folder made, not a directory, writable, and not an existing file of another kind
+    (`files.check_destination`)."""
     if path is None:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from scheduler.files import check_destination
+
     if path.is_dir():
         raise ValueError(f"{flag} {str(path)!r} is a directory; give a file path such as "
                          f"{str(path / example)!r}")
+    check_destination(path, example.rsplit(".", 1)[-1], what=flag)
 
 
 def need_matplotlib(flag: str) -> None:

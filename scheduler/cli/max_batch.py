@@ -16,6 +16,7 @@ from scheduler.cli.common import (
     run_quietly_or_not,
 )
 from scheduler.cli.spec import resolve_factory
+from scheduler.files import write_atomic
 
 __all__ = ["add_parser", "run"]
 
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         repeats=args.repeats, start=args.start, progress=say))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result.to_dict(), indent=2))
+        write_atomic(args.json, json.dumps(result.to_dict(), indent=2))
     if not args.quiet:
         print(result.summary())
     return EXIT_OK

@@ -33,6 +33,7 @@ from typing import Any, Iterable
 
 import networkx as nx
 
+from ..files import check_destination, write_atomic
 from .nodes import BwdStep, CostGraphError, Node, Saved, Storage
 
 __all__ = [
@@ -309,8 +310,10 @@ class CostGraph:
         return g
 
     def save(self, path: str | Path) -> None:
-        """Write the graph as JSON (schema `SCHEMA`, version `VERSION`)."""
-        Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")))
+        """Write the graph as JSON (schema `SCHEMA`, version `VERSION`), atomically
+        (`files.write_atomic`); an existing file that is not JSON is not replaced (ValueError)."""
+        write_atomic(check_destination(path, "json", what="the graph file"),
+                     json.dumps(self.to_dict(), separators=(",", ":")))
 
     @classmethod
     def load(cls, path: str | Path) -> "CostGraph":

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from ..files import check_destination, write_atomic
+
 if TYPE_CHECKING:
     from .graph import CostGraph
 
@@ -203,7 +205,10 @@ class Schedule:
                    meta=d.get("meta") or {})
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+        """Write the schedule as JSON, atomically (`files.write_atomic`); an existing file
+        that is not JSON is not replaced (ValueError)."""
+        write_atomic(check_destination(path, "json", what="the schedule file"),
+                     json.dumps(self.to_dict(), indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> "Schedule":

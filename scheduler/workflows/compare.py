@@ -21,10 +21,11 @@ import torch.nn as nn
 
 from .. import report
 from ..budget import budget_spec, infeasible_error, parse_budget
-from ..capture.profile import profile_traced
 from ..capture.calls import call_inputs
+from ..capture.profile import profile_traced
 from ..capture.trace import trace
 from ..cost.simulate import simulate
+from ..files import check_destination, write_atomic
 from ..ir.graph import CostGraph
 from ..ir.schedule import Schedule
 from ..measurement.step import Measurement, measure_in_turns
@@ -155,7 +156,7 @@ class Comparison:
         """The comparison as JSON text (`to_dict`); also written to ``path`` when given."""
         text = json.dumps(self.to_dict(), indent=2) + "\n"
         if path is not None:
-            Path(path).write_text(text)
+            write_atomic(check_destination(path, "json"), text)
         return text
 
     def to_csv(self, path: str | Path | None = None) -> str:
@@ -163,7 +164,7 @@ class Comparison:
         ``path`` when given."""
         text = report.rows_to_csv([r.to_dict() for r in self.rows], FIELDS)
         if path is not None:
-            Path(path).write_text(text)
+            write_atomic(check_destination(path, "csv"), text)
         return text
 
     def plot(self, path: str | Path | None = None) -> "Figure":
