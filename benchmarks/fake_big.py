@@ -231,7 +231,8 @@ def table_of(args: argparse.Namespace, plan: dict[str, Any], run: dict[str, Any]
     for col, justify in (("quantity", "left"), ("value", "right"), ("acceptance", "left")):
         table.add_column(col, justify=justify)
     machine = total_bytes()
-    own = plan["peak_rss"] - plan["rss_after_build"]
+    # (ru_maxrss and the current RSS are read differently: a few KiB apart when nothing grew)
+    own = max(0, plan["peak_rss"] - plan["rss_after_build"])
     rows = [
         ("predicted unscheduled peak", format_bytes(plan["unscheduled"]),
          "" if machine is None else

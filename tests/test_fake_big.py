@@ -4,6 +4,8 @@ the table and its section of docs/benchmarks.md, checked against a real profile 
 
 from __future__ import annotations
 
+import re
+
 import sys
 from pathlib import Path
 
@@ -69,7 +71,10 @@ def test_tiny_gpt_planned_from_a_fake_profile_runs_within_its_budget(tmp_path, m
     assert plan["budget"] == int(0.75 * unscheduled)
     assert plan["auto_profile"]["mode"] == "real"  # it fits this machine
     assert plan["recomputed"] >= 1 and plan["predicted_peak"] <= plan["budget"]
-    assert 0 <= plan["peak_rss"] - plan["rss_after_build"] < fake_big.OWN_LIMIT
+    # (in this process ru_maxrss is pytest's peak so far, so only its sanity is checked here:
+    # at least the RSS after the build, up to the two readings' granularity; the slow test
+    # below checks the limit in a fresh subprocess)
+    assert plan["peak_rss"] >= plan["rss_after_build"] - (1 << 20)
     assert plan["param_bytes"] == sum(p.numel() * 4 for p in model.parameters())
 
     # the one tracked step is what scheduler.measure finds for the same schedule
@@ -112,3 +117,5 @@ def test_the_phases_run_in_subprocesses(capsys):
     assert fake_big.main(ARGV) == 0
     out = capsys.readouterr().out
     assert "measured peak (one real step)" in out and "<= budget: yes" in out
+    # in a fresh process, the profiler's own peak is held to the acceptance's limit
+    assert re.search(r"profiler's own peak .*<= 2\.00 GiB: yes", out), out
