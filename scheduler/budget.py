@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from typing import Any
 
 from .ir.graph import CostGraph
@@ -11,15 +12,21 @@ from .solvers.base import SolveResult, get_solver
 from .solvers.bound import full_space_bound
 from .units import format_bytes, parse_bytes
 
-__all__ = ["BUDGET_FORMS", "InfeasibleBudgetError", "budget_spec", "infeasible_error",
-           "parse_budget"]
+__all__ = ["BUDGET_FORMS", "PERCENT_HINT_MAX", "InfeasibleBudgetError", "budget_spec",
+           "infeasible_error", "parse_budget", "percent_hint"]
 
 #: The budget forms `parse_budget` accepts, for error messages.
 BUDGET_FORMS = (
-    "a number of bytes (an int such as 6442450944, or a string with a unit: '6GiB', '512MB', "
-    "'1.5e9'), or a fraction of the unconstrained predicted peak (a float in (0, 1] such as "
-    "0.6, or a percentage string such as '60%')"
+    "a number of bytes (an integer such as 6442450944 or '6442450944', or a string with a "
+    "unit: '6GiB', '512MB', '1.5e9'), or a fraction of the unconstrained predicted peak (a "
+    "decimal in (0, 1] such as 0.6 or '0.6', or a percentage string such as '60%')"
 )
+
+#: A unitless integer budget up to this many bytes is surely meant as a percentage: the
+#: infeasible error asks "did you mean N%?".
+PERCENT_HINT_MAX = 100
+
+_INTEGER = re.compile(r"\s*\+?[0-9]+\s*")
 
 #: Baselines whose schedules bound the smallest feasible budget when a solver does not say it.
 _BASELINES = ("none", "every_block", "sqrt", "greedy", "knapsack")
@@ -44,10 +51,17 @@ def parse_budget(budget: int | float | str, unconstrained_peak_bytes: int) -> in
     """A memory budget in bytes, from any of the forms users write.
 
     Args:
-        budget: an ``int`` of bytes; a ``float`` in (0, 1] or a string ``"60%"`` for a fraction
-            of ``unconstrained_peak_bytes``; a string with a unit (``"6GiB"``, ``"512MB"``),
-            see `units.parse_bytes`. A unitless number is bytes when above 1 (``1.5e9``,
-            ``"1.5e9"``) and a fraction when in (0, 1] (``0.6``, ``"0.6"``).
+        budget: bytes or a fraction of ``unconstrained_peak_bytes``, the same in the API and
+            on the CLI (whose ``--budget`` text is read as the string):
+
+            * an integer is bytes: ``1024`` or ``"1024"``, so ``1`` and ``"1"`` are one byte
+              (an infeasible budget of at most `PERCENT_HINT_MAX` bytes given so is answered
+              with "did you mean 1%?");
+            * a decimal in (0, 1] is a fraction: ``0.6``, ``"0.6"``, ``1.0``, ``"1.0"``
+              (100%); a decimal above 1 is bytes, rounded (``1.5e9``, ``"1.5e9"``);
+            * a percentage string is a fraction: ``"60%"``, in (0%, 100%];
+            * a string with a unit is bytes: ``"6GiB"``, ``"512MB"``, see `units.parse_bytes`
+              (a bare ``"6G"`` is refused as ambiguous between GB and GiB).
         unconstrained_peak_bytes: the predicted peak with no checkpointing, which fractions
             refer to.
 
@@ -108,17 +122,33 @@ def budget_spec(budget: Any) -> tuple[str, float | int]:
     if value is not None:
         if not math.isfinite(value) or value <= 0:
             raise bad("it must be a positive finite number")
-        if value <= 1:
+        if value <= 1 and not _INTEGER.fullmatch(text):  # "1" is a byte, like the int 1
             return "fraction", value
     try:
         return "bytes", parse_bytes(text)
-    except ValueError:
-        raise bad() from None
+    except ValueError as e:
+        why = str(e)
+        # parse_bytes's own reason (e.g. "'G' is ambiguous: write 'GB' ... or 'GiB'"), if any
+        raise bad(why[why.index(": ") + 2:why.rindex("; expected")]
+                  if "; expected" in why and ": " in why else "") from None
+
+
+def percent_hint(budget: Any, budget_bytes: int) -> str:
+    """``"; did you mean 50%? ..."`` where ``budget`` is a unitless integer (``50``,
+    ``"50"``) of at most `PERCENT_HINT_MAX` bytes, which is surely meant as a percentage;
+    else ``""``."""
+    unitless = (isinstance(budget, numbers.Integral) and not isinstance(budget, bool)) or (
+        isinstance(budget, str) and _INTEGER.fullmatch(budget) is not None)
+    if not unitless or not 1 <= budget_bytes <= PERCENT_HINT_MAX:
+        return ""
+    return (f"; did you mean {budget_bytes}%? A bare integer is bytes: write "
+            f"'{budget_bytes}%' for a percentage of the unconstrained peak")
 
 
 def infeasible_error(graph: CostGraph, solver: str, result: SolveResult, budget_bytes: int,
-                headroom: float) -> InfeasibleBudgetError:
-    """The error for an INFEASIBLE result, naming the smallest budget known to fit."""
+                     headroom: float, budget: Any = None) -> InfeasibleBudgetError:
+    """The error for an INFEASIBLE result, naming the smallest budget known to fit; with
+    ``budget``, the budget as the user wrote it, it adds `percent_hint`'s question."""
     if result.min_feasible_bytes is not None:
         # the exact solvers (dp, cpsat) give the exact minimum over their schedule space
         min_peak, by, exact = result.min_feasible_bytes, solver, True
@@ -155,4 +185,5 @@ def infeasible_error(graph: CostGraph, solver: str, result: SolveResult, budget_
                    "or an exact solver ('auto'), which finds the true minimum")
     if headroom:
         message += f" (with headroom {headroom:.0%})"
+    message += percent_hint(budget, budget_bytes)
     return InfeasibleBudgetError(message, budget_bytes=budget_bytes, min_feasible_bytes=need)

@@ -32,9 +32,14 @@ from .report import plot_timeline
 from .rewrite import rewrite
 from .solvers.base import INFEASIBLE, SolveResult, get_solver
 from .solvers.certify import solve_and_certify
-from .units import format_bytes, format_seconds
+from .units import check_time_limit, format_bytes, format_seconds
 
-__all__ = ["Plan", "apply", "solve", "solve_graph"]
+__all__ = ["INPUT_SHAPES", "Plan", "apply", "input_shapes", "solve", "solve_graph"]
+
+#: The key of ``schedule.meta`` where `solve` records the input shapes it solved for (one
+#: entry per leaf of the inputs: a tensor's shape as a list, None for a non-tensor), which
+#: `apply` checks where a schedule has no fingerprint.
+INPUT_SHAPES = "input_shapes"
 
 
 @dataclass(eq=False, repr=False)
@@ -154,6 +159,11 @@ def apply(model: nn.Module, schedule: Schedule | str | Path,
     Raises:
         ScheduleError: the schedule's file is malformed, or it was made for a model whose
             structure or input shapes differ (the message says which).
+
+    Warns:
+        UserWarning: a schedule without a fingerprint is applied at other input shapes than
+            the ones `solve` recorded for it (`INPUT_SHAPES`), naming both, or records none, so
+            that its shapes cannot be checked: its predicted memory holds only for those.
     """
     if not isinstance(schedule, Schedule):
         schedule = Schedule.load(schedule)
@@ -167,7 +177,44 @@ def apply(model: nn.Module, schedule: Schedule | str | Path,
                 f"but {type(model).__name__} with inputs "
                 f"{[tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor)]} traces to "
                 f"{fp!r}: the model's structure or input shapes differ; solve again for it")
-    return rewrite(gm, schedule, model)
+    module = rewrite(gm, schedule, model)  # (a schedule of another model fails here)
+    if not schedule.fingerprint:
+        _check_shapes(schedule, input_shapes(gm), type(model).__name__)
+    return module
+
+
+def input_shapes(gm: Any) -> list[list[int] | None]:
+    """The input shapes a traced step was traced with, as `INPUT_SHAPES` records them."""
+    return [None if spec is None else list(spec[0])
+            for spec in gm.meta["scheduler"].input_specs]
+
+
+def _check_shapes(schedule: Schedule, shapes: list[list[int] | None], model: str) -> None:
+    """Warn where a schedule without a fingerprint is applied at input shapes other than
+    the ones it was solved for (`INPUT_SHAPES`), or where nothing says which those were: its
+    memory was predicted for them, so at another batch size the budget no longer holds."""
+    recorded = schedule.meta.get(INPUT_SHAPES)
+    if recorded is None:
+        warnings.warn(
+            f"the schedule has no fingerprint and records no input shapes, so applying it to "
+            f"{model} with input shapes {_shapes(shapes)} cannot be checked: its predicted "
+            f"memory holds only for the shapes it was solved for; solve again for these "
+            f"shapes, or keep the fingerprint that `plan.save` writes", UserWarning,
+            stacklevel=3)
+    elif recorded != shapes:
+        budget = schedule.budget_bytes
+        within = f" within {format_bytes(budget)}" if isinstance(budget, int) else ""
+        warnings.warn(
+            f"the schedule was solved for input shapes {_shapes(recorded)}, but {model} is "
+            f"given {_shapes(shapes)}: its predicted memory{within} holds only for the shapes "
+            f"it was solved for; solve again for these shapes", UserWarning, stacklevel=3)
+
+
+def _shapes(shapes: Any) -> str:
+    """Tensor shapes as people read them: ``(8, 3, 32, 32), (8,)``."""
+    if not isinstance(shapes, list):
+        return repr(shapes)
+    return ", ".join(repr(tuple(s)) if isinstance(s, list) else repr(s) for s in shapes) or "()"
 
 
 def solve_graph(graph: CostGraph, budget: int | float | str, *, solver: str = "auto",
@@ -180,7 +227,8 @@ def solve_graph(graph: CostGraph, budget: int | float | str, *, solver: str = "a
         solver: a registered solver name (`scheduler.solvers.available`), e.g. ``"auto"``,
             ``"dp"``, ``"greedy"``, ``"uniform:4"``.
         time_limit_s: passed to the solver (the baselines ignore it); what it leaves goes to
-            certifying its result (`solvers.certify.certify`).
+            certifying its result (`solvers.certify.certify`). A finite number of seconds > 0,
+            or None for no limit (`units.check_time_limit`).
         headroom: fraction of the budget held back for error in the cost model: the solver gets
             ``budget * (1 - headroom)``. In [0, 1); default 0, because the budget given here
             is the step's peak the caller asks for (`advise` and `max_batch`, which start
@@ -194,8 +242,9 @@ def solve_graph(graph: CostGraph, budget: int | float | str, *, solver: str = "a
         InfeasibleBudgetError: the solver found nothing that fits; the message names the
             smallest feasible budget.
         UnknownSolverError: ``solver`` is not registered (the message lists valid names).
-        ValueError: a bad budget or headroom.
+        ValueError: a bad budget, time limit or headroom.
     """
+    time_limit_s = check_time_limit(time_limit_s)
     if not (isinstance(headroom, numbers.Real) and 0 <= headroom < 1):
         raise ValueError(f"headroom must be a fraction in [0, 1), got {headroom!r}")
     get_solver(solver)  # (an unknown name fails before anything runs)
@@ -204,7 +253,7 @@ def solve_graph(graph: CostGraph, budget: int | float | str, *, solver: str = "a
     target = int(budget_bytes * (1 - headroom))
     result = solve_and_certify(graph, target, solver, time_limit_s=time_limit_s)
     if result.status == INFEASIBLE:
-        raise infeasible_error(graph, solver, result, budget_bytes, headroom)
+        raise infeasible_error(graph, solver, result, budget_bytes, headroom, budget)
     return result
 
 
@@ -236,7 +285,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
             ``6 * 2**30``, ``0.6`` or ``"60%"`` of the unconstrained predicted peak.
         loss_fn: ``loss_fn(output) -> scalar``; default `trace.default_loss_recipe`.
         solver: a registered solver name; ``"auto"`` picks the exact one for the graph.
-        time_limit_s: the solver's time limit.
+        time_limit_s: the solver's time limit: a finite number of seconds > 0, or None for no
+            limit (`units.check_time_limit`).
         headroom: fraction of the budget held back for cost-model error (see `solve_graph`);
             default 0: the budget is the peak asked for. Pass 0.1 to keep 10% in reserve.
         repeats: timed profile steps (medians are kept).
@@ -255,7 +305,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     Raises:
         InfeasibleBudgetError: nothing fits; the message names the smallest feasible budget.
         TraceError: the model cannot be traced.
-        ValueError: a bad budget (checked before profiling), solver name or headroom.
+        ValueError: a bad budget or time limit (both checked before profiling), solver name or
+            headroom.
         ScheduleError: under ``torch.distributed``, rank 0's schedule does not fit the graph
             of some rank (another model or input shapes); raised on every rank, naming it.
 
@@ -264,6 +315,7 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
         >>> loss = plan.module(x).sum(); loss.backward()  # doctest: +SKIP
     """
     budget_spec(budget)  # fail now, not after profiling
+    check_time_limit(time_limit_s)
     get_solver(solver)
     check_profile_options(mode, times, device_spec)
     say = progress or (lambda _msg: None)
@@ -278,6 +330,9 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     if schedule is not result.schedule:
         result = dataclasses.replace(result, schedule=schedule, estimate=simulate(graph, schedule),
                                      status=schedule.status, gap=schedule.gap)
+    # the shapes solved for, which `apply` checks if the fingerprint is ever removed
+    stamped = dataclasses.replace(schedule, meta={**schedule.meta, INPUT_SHAPES: input_shapes(gm)})
+    result = dataclasses.replace(result, schedule=stamped)
     unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
     budget_bytes = parse_budget(budget, unconstrained)
     own = (_own_peak(gm, model, inputs, budget_bytes, result.estimate, say)

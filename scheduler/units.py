@@ -5,10 +5,12 @@ Torch-free on purpose: the CLI, reports and the torch-free ``CostGraph`` all use
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
-__all__ = ["format_bytes", "format_seconds", "parse_bytes"]
+__all__ = ["check_time_limit", "format_bytes", "format_seconds", "parse_bytes"]
 
 # Keys are lower-cased so that "512mb", "512MB" and "512Mb" all mean the same thing; a memory
 # budget is never given in bits, so reading "b" as bytes loses nothing.
@@ -119,3 +121,37 @@ def format_seconds(seconds: float) -> str:
         return f"{sign}{s:.2f} s"
     minutes, rest = divmod(s, 60.0)
     return f"{sign}{minutes:.0f} min {rest:.1f} s"
+
+
+def check_time_limit(time_limit_s: object) -> float | None:
+    """A solver time limit, checked the same way by the API and the CLI (which converts its
+    text with ``float`` first).
+
+    Args:
+        time_limit_s: seconds, a finite number > 0 (an int or a float), or None: no time
+            limit, each solver runs until it finishes (certifying its result still takes at
+            most `SolverConfig.bound_s`).
+
+    Returns:
+        The limit as a float, or None.
+
+    Raises:
+        ValueError: zero, negative, NaN or infinite values, bools, strings and anything else
+            not a number; the message names the value and what to pass instead.
+
+    Example:
+        >>> check_time_limit(30), check_time_limit(2.5), check_time_limit(None)
+        (30.0, 2.5, None)
+    """
+    if time_limit_s is None:
+        return None
+    fix = "pass a finite number of seconds > 0 (e.g. 30), or None for no limit"
+    if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, numbers.Real):
+        # a ValueError, as for every other bad value a user passes
+        raise ValueError(  # noqa: TRY004
+            f"bad time limit {time_limit_s!r}: a {type(time_limit_s).__name__} is not a number "
+            f"of seconds; {fix}")
+    value = float(time_limit_s)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"bad time limit {time_limit_s!r}: it must be finite and > 0; {fix}")
+    return value

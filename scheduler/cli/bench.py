@@ -11,8 +11,8 @@ from scheduler.cli.common import (
     EXIT_OK,
     add_json_and_quiet,
     names,
-    positive_float,
     prepare_out,
+    time_limit,
 )
 from scheduler.files import write_atomic
 from scheduler.report import console as make_console
@@ -54,7 +54,7 @@ def add_parser(subparsers: Any) -> None:
         "every baseline",
     )
     parser.add_argument(
-        "--time-limit", type=positive_float, default=10.0, metavar="SECONDS",
+        "--time-limit", type=time_limit, default=10.0, metavar="SECONDS",
         help="each solver's time limit in seconds (default: 10)",
     )
     add_json_and_quiet(parser)

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.cli.spec import SpecError, split_spec
+from scheduler.units import check_time_limit
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "PROG", "USER_ERRORS",
            "add_json_and_quiet", "add_model_spec", "add_profile_options", "add_solver_options", "default_out",
            "fraction", "int_list", "names", "need_matplotlib", "positive_float", "positive_int",
-           "prepare_out", "profile_model", "profile_options", "run_quietly_or_not"]
+           "prepare_out", "profile_model", "profile_options", "run_quietly_or_not", "time_limit"]
 
 PROG = "scheduler"
 EXIT_OK = 0
@@ -104,6 +105,21 @@ def positive_float(text: str) -> float:
     return value
 
 
+def time_limit(text: str) -> float:
+    """An argparse type: ``--time-limit``, checked by `units.check_time_limit` as the API
+    checks ``time_limit_s``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = text  # not a number: check_time_limit says so
+    try:
+        limit = check_time_limit(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    assert limit is not None
+    return limit
+
+
 def fraction(text: str) -> float:
     """An argparse type: '30%' or '0.3' as 0.3 (finite, >= 0)."""
     t = text.strip()
@@ -168,7 +184,7 @@ def add_solver_options(parser: argparse.ArgumentParser, *, headroom: float) -> N
         help=f"fraction of the memory held back, '0.1' or '10%%' (default: {headroom:g})")
     parser.add_argument("--solver", default="auto", metavar="NAME",
                         help="solver for the checkpointing plans (default: auto)")
-    parser.add_argument("--time-limit", type=positive_float, default=30.0, metavar="SECONDS",
+    parser.add_argument("--time-limit", type=time_limit, default=30.0, metavar="SECONDS",
                         help="the solver's time limit in seconds (default: 30)")
     parser.add_argument("--repeats", type=positive_int, default=1, metavar="N",
                         help="timed steps per measurement (default: 1)")

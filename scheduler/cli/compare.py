@@ -13,9 +13,9 @@ from scheduler.cli.common import (
     add_model_spec,
     names,
     need_matplotlib,
-    positive_float,
     positive_int,
     prepare_out,
+    time_limit,
 )
 from scheduler.cli.spec import load_factory
 from scheduler.report import console as make_console
@@ -60,7 +60,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--no-measure", action="store_true",
                         help="predictions only: do not run the schedules")
     parser.add_argument(
-        "--time-limit", type=positive_float, default=30.0, metavar="SECONDS",
+        "--time-limit", type=time_limit, default=30.0, metavar="SECONDS",
         help="each solver's time limit in seconds (default: 30)",
     )
     parser.add_argument(

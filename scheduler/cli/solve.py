@@ -12,10 +12,10 @@ from scheduler.cli.common import (
     add_model_spec,
     add_profile_options,
     default_out,
-    positive_float,
     positive_int,
     prepare_out,
     profile_options,
+    time_limit,
 )
 from scheduler.cli.spec import load_factory
 from scheduler.units import format_bytes, format_seconds
@@ -57,7 +57,7 @@ def add_parser(subparsers: Any) -> None:
         "(none, every_block, sqrt, uniform:K, greedy, knapsack)",
     )
     parser.add_argument(
-        "--time-limit", type=positive_float, default=30.0, metavar="SECONDS",
+        "--time-limit", type=time_limit, default=30.0, metavar="SECONDS",
         help="the solver's time limit in seconds (default: 30)",
     )
     parser.add_argument(

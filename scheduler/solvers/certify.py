@@ -16,6 +16,7 @@ import warnings
 from dataclasses import replace
 
 from ..ir.graph import CostGraph
+from ..units import check_time_limit
 from .base import (
     FEASIBLE,
     INFEASIBLE,
@@ -95,7 +96,9 @@ def solve_and_certify(graph: CostGraph, budget_bytes: int, solver: str, *,
 
     Raises:
         UnknownSolverError: ``solver`` is not registered (the message lists valid names).
+        ValueError: ``time_limit_s`` is not None or a finite number > 0 (`check_time_limit`).
     """
+    time_limit_s = check_time_limit(time_limit_s)
     solve = get_solver(solver)
     started = time.perf_counter()
     result = solve(graph, budget_bytes, time_limit_s=time_limit_s)

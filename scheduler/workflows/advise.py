@@ -41,7 +41,7 @@ from ..measurement.breakdown import (
 from ..measurement.step import measure, measure_in_turns
 from ..plan import solve_graph
 from ..rewrite import rewrite
-from ..units import format_bytes, format_seconds, parse_bytes
+from ..units import check_time_limit, format_bytes, format_seconds, parse_bytes
 from .advice import (
     CHECKPOINT,
     FITS,
@@ -144,6 +144,7 @@ def advise(model: nn.Module, example_inputs: Sequence[Any], *, device_memory: in
     """
     device_bytes = parse_memory(device_memory)
     headroom = check_headroom(headroom)
+    check_time_limit(time_limit_s)
     state_bytes = None
     if optimizer_state_bytes is not None:  # 0 is a valid size (plain SGD keeps no state)
         state_bytes = (0 if optimizer_state_bytes == 0 and not isinstance(

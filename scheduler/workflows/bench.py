@@ -22,7 +22,7 @@ from ..ir.schedule import Schedule
 from ..solvers.auto import BASELINES as _AUTO_BASELINES
 from ..solvers.base import INFEASIBLE, get_solver
 from ..solvers.certify import solve_and_certify
-from ..units import format_bytes
+from ..units import check_time_limit, format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
@@ -92,6 +92,7 @@ def bench(graphs: Sequence[tuple[str, CostGraph]], *, budgets: Sequence[Any] = B
     """
     for b in budgets:
         budget_spec(b)
+    check_time_limit(time_limit_s)
     for s in solvers:
         get_solver(s)
     rows: list[BenchRow] = []

@@ -34,6 +34,7 @@ from ..rewrite import rewrite
 from ..solvers.auto import BASELINES
 from ..solvers.base import INFEASIBLE, SolveResult, get_solver
 from ..solvers.certify import solve_and_certify
+from ..units import check_time_limit
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -214,6 +215,7 @@ def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
         raise ValueError("compare needs at least one budget, e.g. budgets=['50%']")
     for b in budgets:
         budget_spec(b)  # fail now, not after profiling
+    check_time_limit(time_limit_s)
     strategies = list(dict.fromkeys(STRATEGIES if strategies is None else strategies))
     if not strategies:
         raise ValueError(f"compare needs at least one strategy, e.g. {list(STRATEGIES)}")
@@ -240,7 +242,7 @@ def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
                 results[s] = solve_and_certify(graph, budget_bytes, s,
                                                time_limit_s=time_limit_s)
                 step(advance=1)
-            _check_feasible(graph, budget_bytes, results, time_limit_s)
+            _check_feasible(graph, budget, budget_bytes, results, time_limit_s)
             solved += [(str(budget), budget_bytes, s, r) for s, r in results.items()]
 
         measured: dict[Any, Measurement] = {}
@@ -269,16 +271,16 @@ def _key(schedule: Schedule | None) -> Any:
                                                for r in schedule.regions)
 
 
-def _check_feasible(graph: CostGraph, budget_bytes: int, results: dict[str, SolveResult],
-                    time_limit_s: float | None) -> None:
+def _check_feasible(graph: CostGraph, budget: Any, budget_bytes: int,
+                    results: dict[str, SolveResult], time_limit_s: float | None) -> None:
     """Raise `InfeasibleBudgetError` when no schedule at all fits the budget: then there is
     nothing to compare. A budget that only the asked-for strategies miss is kept (rows with
     fits False)."""
     if any(r.status != INFEASIBLE for r in results.values()):
         return
     if "auto" in results:
-        raise infeasible_error(graph, "auto", results["auto"], budget_bytes, 0.0)
-    solve_graph(graph, budget_bytes, solver="auto", time_limit_s=time_limit_s)  # raises if so
+        raise infeasible_error(graph, "auto", results["auto"], budget_bytes, 0.0, budget)
+    solve_graph(graph, budget, solver="auto", time_limit_s=time_limit_s)  # raises if so
 
 
 def _row(strategy: str, budget: str, budget_bytes: int, r: SolveResult,

@@ -30,7 +30,7 @@ from ..measurement.step import Measurement, measure
 from ..plan import Plan, solve_graph
 from ..rewrite import rewrite
 from ..solvers.base import SolveResult, get_solver
-from ..units import format_bytes
+from ..units import check_time_limit, format_bytes
 from .advise import check_headroom, parse_memory
 
 __all__ = ["MaxBatch", "Probe", "check_factory", "max_batch"]
@@ -154,6 +154,7 @@ def max_batch(factory: Callable[..., Any], *, budget: int | str,
         raise ValueError(f"max_overhead must be a fraction >= 0 of the step time (0.3 for "
                          f"+30%) or None, got {max_overhead!r}")
     get_solver(solver)
+    check_time_limit(time_limit_s)
     first = check_factory(factory, dim, start)
     search = _Search(factory, dim, int(budget_bytes * (1 - headroom)), max_overhead, solver,
                      time_limit_s, repeats, progress or (lambda _msg: None))
