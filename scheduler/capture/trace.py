@@ -13,11 +13,8 @@ buffers restored afterwards.
 from __future__ import annotations
 
 import contextlib
-import io
-import logging
 import operator
 import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -41,21 +38,6 @@ _SKIP_TARGETS = {"_guards_fn"}  # export's input guards: not part of the computa
 class TraceError(RuntimeError):
     """Neither tracer could capture the model; the message names the failing op and the fix."""
 
-
-@contextlib.contextmanager
-def _export_quietly() -> Iterator[None]:
-    """Hold back what a failing ``torch.export`` prints (its partial graph on stderr, a
-    symbolic-shapes warning): `TraceError` says what failed. On success it is printed."""
-    shapes_log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
-    level = shapes_log.level
-    held = io.StringIO()
-    shapes_log.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stderr(held):
-            yield
-    finally:
-        shapes_log.setLevel(level)
-    sys.stderr.write(held.getvalue())
 
 
 @dataclass(frozen=True)
@@ -229,7 +211,7 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
         except Exception as e:  # noqa: BLE001 - any failure means: try the other tracer
             fx_error = _first_line(e)
             try:
-                with preserved_state(model), _export_quietly():
+                with preserved_state(model), usercode.export_quietly():
                     ep = torch.export.export(step, inputs, strict=False)
                 gm = ep.module()
                 tracer = "export"
