@@ -82,6 +82,15 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
     """
     p = Path(path)
     payload = data.encode() if isinstance(data, str) else data
+    try:
+        _write_replace(p, payload)
+    except OSError as e:  # name the destination, not the temporary file (or no file at all)
+        if e.errno is None or e.filename == str(p):
+            raise
+        raise OSError(e.errno, e.strerror, str(p)) from e
+
+
+def _write_replace(p: Path, payload: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent or ".")
     try:
         with os.fdopen(fd, "wb") as f:

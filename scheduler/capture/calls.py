@@ -16,12 +16,34 @@ import torch
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-__all__ = ["as_tuple", "autocast_state", "bare_copy", "bind_call", "call_inputs", "input_constants",
-           "input_specs", "module_copy"]
+__all__ = ["as_tuple", "autocast_state", "bare_copy", "bind_call", "call_inputs",
+           "check_differentiable", "input_constants", "input_specs", "module_copy"]
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
                "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks",
                "_backward_pre_hooks")
+
+
+def check_differentiable(model: nn.Module, inputs: Any) -> None:
+    """Raise before any run when nothing in a training step of ``model`` can require grad.
+
+    A step is ``loss.backward()``; with every parameter frozen and no input requiring grad,
+    torch fails deep inside it ("element 0 of tensors does not require grad").
+
+    Raises:
+        ValueError: naming the model, how many parameters it has, and the fix.
+    """
+    params = list(model.parameters())
+    if any(p.requires_grad for p in params):
+        return
+    if any(isinstance(t, torch.Tensor) and t.requires_grad
+           for t in pytree.tree_leaves(inputs)):
+        return
+    what = (f"all {len(params)} parameters of {type(model).__name__} are frozen "
+            f"(requires_grad=False)" if params else f"{type(model).__name__} has no parameters")
+    raise ValueError(f"nothing requires grad: {what} and no input requires grad, so a training "
+                     f"step has no backward pass to checkpoint; unfreeze some parameters "
+                     f"(model.requires_grad_(True)) or give an input with requires_grad=True")
 
 
 def input_specs(inputs: Sequence[Any]) -> tuple[tuple[tuple[int, ...], torch.dtype] | None, ...]:

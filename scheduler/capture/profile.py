@@ -22,7 +22,7 @@ from ..ir.graph import CostGraph
 from ..ir.schedule import Schedule
 from ..units import format_bytes
 from . import node_times
-from .calls import call_inputs
+from .calls import call_inputs, check_differentiable
 from .fake import (FakeStep, fake_failure, free_bytes, is_spec, needs_fake, parse_device,
                    rejected_inputs, spec_of)
 from .program import Program
@@ -130,6 +130,7 @@ def profile_step(model: nn.Module, example_inputs: Any, *,
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     given = _specs_as_meta(example_inputs)
     inputs = call_inputs(model, given)
+    check_differentiable(model, inputs)
     say = progress or (lambda _msg: None)
     name = name or type(model).__name__
     why_fake = needs_fake(given, model)

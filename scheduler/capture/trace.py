@@ -39,6 +39,7 @@ class TraceError(RuntimeError):
     """Neither tracer could capture the model; the message names the failing op and the fix."""
 
 
+
 @dataclass(frozen=True)
 class LossRecipe:
     """How the default loss is computed from the model output's pytree leaves.
@@ -210,7 +211,7 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
         except Exception as e:  # noqa: BLE001 - any failure means: try the other tracer
             fx_error = _first_line(e)
             try:
-                with preserved_state(model):
+                with preserved_state(model), usercode.export_quietly():
                     ep = torch.export.export(step, inputs, strict=False)
                 gm = ep.module()
                 tracer = "export"

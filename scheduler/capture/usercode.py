@@ -19,11 +19,14 @@ the user wrote stop working, and this module finds them while tracing:
   modules the plan still calls. The root model's own hooks are kept by the plan.
 
 `warn_user_code` says so in one `UserCodeWarning` per finding, with the way out.
+`export_quietly` holds back what a failing ``torch.export`` of the user's code prints.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import os
 import sys
 import threading
@@ -39,7 +42,8 @@ from torch import nn
 from torch.nn.modules import module as torch_module
 
 __all__ = ["UserCodeWarning", "LostHook", "STEP_FILE", "Watch", "plain_checkpoints",
-           "called_modules", "unfired_hooks", "warn_user_code", "is_user_file", "where"]
+           "called_modules", "export_quietly", "unfired_hooks", "warn_user_code", "is_user_file",
+           "where"]
 
 #: File name of the generated step module's ``forward`` (scheduler code, not the user's).
 STEP_FILE = "<scheduler step>"
@@ -235,3 +239,19 @@ def _warn(message: str) -> None:
     while frame is not None and not is_user_file(frame.f_code.co_filename):
         level, frame = level + 1, frame.f_back
     warnings.warn(message, UserCodeWarning, stacklevel=level)
+
+
+@contextlib.contextmanager
+def export_quietly() -> Iterator[None]:
+    """Hold back what a failing ``torch.export`` prints (its partial graph on stderr, a
+    symbolic-shapes warning): ``trace.TraceError`` says what failed. On success it is printed."""
+    shapes_log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = shapes_log.level
+    held = io.StringIO()
+    shapes_log.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    finally:
+        shapes_log.setLevel(level)
+    sys.stderr.write(held.getvalue())

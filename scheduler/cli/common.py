@@ -11,6 +11,7 @@ its parser and sets ``func`` to its ``run(args) -> int``. Errors a user can fix 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 from collections.abc import Callable
 from pathlib import Path
@@ -19,18 +20,55 @@ from typing import Any
 from scheduler.cli.spec import SpecError, split_spec
 from scheduler.units import check_time_limit
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "PROG", "USER_ERRORS",
-           "add_json_and_quiet", "add_model_spec", "add_profile_options", "add_solver_options", "default_out",
-           "fraction", "int_list", "names", "need_matplotlib", "positive_float", "positive_int",
-           "prepare_out", "profile_model", "profile_options", "run_quietly_or_not", "time_limit"]
+__all__ = ["EXIT_BUG", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "PROG", "USER_ERRORS",
+           "add_json_and_quiet", "add_model_spec", "add_profile_options", "add_solver_options",
+           "default_out", "describe_user_error", "fraction", "int_list", "names",
+           "need_matplotlib", "positive_float", "positive_int", "prepare_out", "profile_model",
+           "profile_options", "run_quietly_or_not", "time_limit", "user_errors"]
 
 PROG = "scheduler"
 EXIT_OK = 0
 EXIT_USAGE = 2
+EXIT_BUG = 1
 EXIT_INTERRUPTED = 130
 
-#: errors that print one line and exit with EXIT_USAGE (``--traceback`` shows the trace)
-USER_ERRORS = (SpecError, ValueError, FileNotFoundError)
+#: errors that print one line and exit with EXIT_USAGE (``--debug`` shows the trace), by type:
+#: every ValueError (`SpecError`, ``ScheduleError``, ``CostGraphError``,
+#: ``InfeasibleBudgetError``, ``FakeProfileError``, ``RejectedInputsError``, a bad value, a file
+#: that is not UTF-8 or not JSON) and every OSError (a missing file, a directory where a file
+#: was expected, no permission, a full disk); `user_errors` adds the ones of torch's modules
+USER_ERRORS: tuple[type[BaseException], ...] = (SpecError, ValueError, OSError)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """`USER_ERRORS`, plus the user errors that live with torch: ``TraceError`` (a model the
+    tracers cannot capture) and ``torch.OutOfMemoryError`` (a step that does not fit).
+    Called only once an error has happened, so that ``scheduler --help`` does not import
+    torch."""
+    import torch
+
+    from scheduler.capture.trace import TraceError
+
+    return (*USER_ERRORS, TraceError, torch.OutOfMemoryError)
+
+
+def describe_user_error(exc: BaseException) -> str:
+    """The one line printed for a user error: its message on one line, with the file and the
+    fix for an OSError (whose own text is ``[Errno 28] No space left on device``)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = " -> ".join(repr(str(f)) for f in (exc.filename, exc.filename2) if f)
+        fix = {"ENOSPC": "free some space or write elsewhere",
+               "EFBIG": "raise the file-size limit (ulimit -f) or write elsewhere",
+               "ENAMETOOLONG": "use a shorter file name",
+               "EACCES": "check its permissions or write elsewhere",
+               "EPERM": "check its permissions or write elsewhere",
+               "EROFS": "write elsewhere", "ENOENT": "check the path",
+               "EISDIR": "give a file, not a directory",
+               "ENOTDIR": "a folder in the path is a file; check the path"}
+        name = errno.errorcode.get(exc.errno or 0, "")
+        text = f"{exc.strerror}: {where}" if where else exc.strerror
+        return f"{text} ({fix.get(name, 'check the path')})"
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def profile_model(model: Any, inputs: tuple[Any, ...], *, loss_fn: Any, repeats: int | None,

@@ -133,11 +133,35 @@ def _check_result(result: Any, spec: str) -> tuple[Any, tuple[Any, ...], Callabl
             f"factory {spec!r} returned {_describe(inputs)} as the inputs; expected a tensor, "
             "a tuple of the model's positional arguments or a dict of keyword arguments"
         )
+    for i, x in enumerate(inputs):
+        if _looks_like_data(x):
+            raise SpecError(
+                f"factory {spec!r} returned input {i} as {_describe(x)} of numbers (nested "
+                "lists); the model needs tensors: return torch.tensor(...) of it instead"
+            )
     if loss_fn is not None and not callable(loss_fn):
         raise SpecError(
             f"factory {spec!r} returned {_describe(loss_fn)} as loss_fn; expected a callable or None"
         )
     return model, inputs, loss_fn
+
+
+def _looks_like_data(value: Any) -> bool:
+    """A list or tuple of numbers that is nested or holds floats: data meant as a tensor (a flat
+    list of ints may be a real argument, such as a shape)."""
+    if not isinstance(value, (list, tuple)) or not value:
+        return False
+    nested = False
+    stack, leaves = list(value), []
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (list, tuple)):
+            nested = True
+            stack.extend(v)
+        else:
+            leaves.append(v)
+    numbers = all(isinstance(v, (int, float)) for v in leaves)
+    return bool(leaves) and numbers and (nested or any(isinstance(v, float) for v in leaves))
 
 
 def _describe(value: Any) -> str:

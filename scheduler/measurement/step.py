@@ -15,7 +15,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
-from ..capture.calls import call_inputs
+from ..capture.calls import call_inputs, check_differentiable
+from ..capture.fake import needs_fake
 from ..capture.trace import default_loss_recipe, preserved_state
 from .storage import StorageTracker, base_bytes, state_tensors
 
@@ -70,6 +71,12 @@ def measure(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any]
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     inputs = call_inputs(module, example_inputs)
+    why_not = needs_fake(inputs, module)
+    if why_not:
+        raise ValueError(f"measuring runs real training steps, but {why_not}; give real "
+                         "tensors and a model with real parameters, or plan it without "
+                         "measuring (profile/solve with mode='fake')")
+    check_differentiable(module, inputs)
     # (a planned module's loss is on its forward, `rewrite.PlanForward`)
     loss_fn = (loss_fn or getattr(module, "loss_fn", None)
                or getattr(getattr(module, "forward", None), "loss_fn", None))
