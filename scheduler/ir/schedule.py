@@ -13,6 +13,7 @@ were made for, so that applying one to a different model is caught.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,12 +243,20 @@ class Schedule:
     @classmethod
     def load(cls, path: str | Path) -> Schedule:
         """Read a schedule written by `save`. Raises `ScheduleError` naming the file and the
-        bad field (or why the file is not a schedule: a directory, binary, not JSON)."""
+        bad field (or why the file is not a schedule: a directory, binary, not JSON); warns
+        (UserWarning) when the file records no graph fingerprint."""
         d = read_json(path, ScheduleError, "a schedule")
         try:
-            return cls.from_dict(d)
+            s = cls.from_dict(d)
         except ScheduleError as e:
             raise ScheduleError(f"{path}: {e}") from e
+        if not s.fingerprint:
+            # hand-written schedules may leave it out, but then only node names are checked
+            warnings.warn(
+                f"{path}: no fingerprint: the schedule is checked against the model's node "
+                "names only, so using it at another input shape (batch size, sequence length) "
+                "goes unseen; solve again to record one", UserWarning, stacklevel=2)
+        return s
 
 
 def _names(v: Any) -> bool:

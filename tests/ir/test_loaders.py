@@ -210,6 +210,22 @@ def test_the_schedule_cases_start_from_a_good_file(tmp_path: Path) -> None:
     simulate(small_graph(), s)
 
 
+@pytest.mark.parametrize("how", ["removed", "empty"])
+def test_schedule_without_fingerprint_warns(tmp_path: Path, how: str) -> None:
+    """A schedule with no fingerprint loads (hand-written ones may leave it out) but says that
+    another input shape would go unseen."""
+    d = schedule_doc()
+    if how == "removed":
+        del d["fingerprint"]
+    else:
+        d["fingerprint"] = ""
+    p = write(tmp_path / "s.json", d)
+    with pytest.warns(UserWarning, match=rf"{re.escape(str(p))}: no fingerprint.*another input "
+                                         r"shape.*solve again"):
+        s = Schedule.load(p)
+    assert s.fingerprint == ""
+
+
 def test_directory_as_schedule(tmp_path: Path) -> None:
     assert "is a directory" in error_of(Schedule.load, ScheduleError, tmp_path)
 
