@@ -88,9 +88,9 @@ class Checks:
             return v
         self.type(where, v, (int, type(None)) if optional else int)
         if v < 0:
-            self.fail(where, f"{v} is negative (a byte count)")
+            self.fail(where, f"{_show(v)} is negative (a byte count)")
         if v > limit:
-            self.fail(where, f"{v} bytes is more than {limit}; not a real size")
+            self.fail(where, f"{_show(v)} bytes is more than {limit}; not a real size")
         return v
 
     def count(self, where: str, v: Any, *, optional: bool = False) -> Any:
@@ -99,7 +99,7 @@ class Checks:
             return v
         self.type(where, v, (int, type(None)) if optional else int)
         if not 0 <= v <= 2**62:
-            self.fail(where, f"{v} is not in [0, 2**62]")
+            self.fail(where, f"{_show(v)} is not in [0, 2**62]")
         return v
 
     def seconds(self, where: str, v: Any, *, optional: bool = False) -> Any:
@@ -107,12 +107,12 @@ class Checks:
         if optional and v is None:
             return v
         self.type(where, v, (int, float, type(None)) if optional else (int, float))
-        if not math.isfinite(v):
+        if isinstance(v, float) and not math.isfinite(v):
             self.fail(where, f"{v} is not a finite time (seconds)")
         if v < 0:
             self.fail(where, f"{v} is negative (a time in seconds)")
         if v > MAX_SECONDS:
-            self.fail(where, f"{v} s is more than {MAX_SECONDS:g} s; not a real time")
+            self.fail(where, f"{_show(v)} s is more than {MAX_SECONDS:g} s; not a real time")
         return float(v)
 
     def number(self, where: str, v: Any, *, optional: bool = False) -> Any:
@@ -120,8 +120,10 @@ class Checks:
         if optional and v is None:
             return v
         self.type(where, v, (int, float, type(None)) if optional else (int, float))
-        if not math.isfinite(v):
+        if isinstance(v, float) and not math.isfinite(v):
             self.fail(where, f"{v} is not a finite number")
+        if isinstance(v, int) and abs(v) > 2**63:
+            self.fail(where, f"{_show(v)} is too large (more than 2**63)")
         return v
 
     def strings(self, where: str, v: Any) -> list[str]:

@@ -17,7 +17,7 @@ __all__ = ["NASTY", "mutate", "paths"]
 
 #: replacement values: wrong types, signs, sizes and non-finite numbers
 NASTY: tuple[Any, ...] = (
-    -1, -4.0, 0, 1, 0.5, 10**30, 2**63, 2**64, -(2**63) - 1, 1e30, 1e308, float("nan"),
+    -1, -4.0, 0, 1, 0.5, 10**30, 10**400, 2**63, 2**64, -(2**63) - 1, 1e30, 1e308, float("nan"),
     float("inf"), float("-inf"), True, False, None, "", "abc", "a", "f", "param:x", "input:0",
     [], {}, [[]], [None], {"a": 1}, [0, 1], ["a", 0], ["f", 0, 0], ["a", 0, 10**30],
 )
