@@ -18,14 +18,16 @@ from .nodes import BwdStep, CostGraphError, Node, Saved, Storage
 if TYPE_CHECKING:
     from .graph import CostGraph
 
-__all__ = ["SCHEMA", "VERSION", "check_references", "graph_fields"]
+__all__ = ["CHECKPOINT_COSTS", "SCHEMA", "SOURCE_PREFIXES", "VERSION", "check_references",
+           "check_version", "graph_fields"]
 
 SCHEMA = "scheduler.costgraph"
 VERSION = 1
 
 _C = Checks(CostGraphError)
-#: the graph-level byte counts and times, and the optional checkpoint costs
+#: the graph-level byte counts
 _BYTES = ("param_bytes", "buffer_bytes", "input_bytes", "grad_bytes", "measured_peak_bytes")
+#: the per-checkpoint costs a `CostGraph` may carry (optional in JSON)
 CHECKPOINT_COSTS = ("checkpoint_call_s", "checkpoint_saved_s")
 _TOP = frozenset({"schema", "version", "name", "fingerprint", *_BYTES, "measured_step_s",
                   *CHECKPOINT_COSTS, "meta", "nodes", "storages", "fwd_events", "bwd_steps"})
