@@ -27,33 +27,36 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import networkx as nx
 
 from ..files import check_destination, write_atomic
+from .checks import read_json
+from .graph_json import (
+    CHECKPOINT_COSTS,
+    SCHEMA,
+    VERSION,
+    check_references,
+    graph_fields,
+)
 from .nodes import BwdStep, CostGraphError, Node, Saved, Storage
 
 __all__ = [
     "SCHEMA",
     "VERSION",
+    "BwdStep",
     "CostGraph",
     "CostGraphError",
     "Node",
     "Saved",
     "Storage",
-    "BwdStep",
     "with_step_time",
 ]
 
-SCHEMA = "scheduler.costgraph"
-VERSION = 1
-
-
-#: the per-checkpoint costs a `CostGraph` may carry (optional in JSON)
-_CHECKPOINT_COSTS = ("checkpoint_call_s", "checkpoint_saved_s")
 
 
 @dataclass
@@ -162,7 +165,7 @@ class CostGraph:
 
     def _check(self) -> None:
         names = self._index
-        for k in _CHECKPOINT_COSTS:
+        for k in CHECKPOINT_COSTS:
             v = getattr(self, k)
             if not (isinstance(v, (int, float)) and 0 <= v < float("inf")):
                 raise CostGraphError(f"{k}: {v!r} is not a finite time >= 0 (seconds)")
@@ -233,79 +236,15 @@ class CostGraph:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "CostGraph":
-        if not isinstance(d, dict):
-            raise CostGraphError(f"expected a JSON object, got {type(d).__name__}")
-        if d.get("schema") != SCHEMA:
-            raise CostGraphError(f"schema: expected {SCHEMA!r}, got {d.get('schema')!r}")
-        if d.get("version") != VERSION:
+    def from_dict(cls, d: dict[str, Any]) -> CostGraph:
+        """The graph in a parsed JSON document, every field checked (`graph_json`): raises
+        `CostGraphError` naming the first bad field."""
+        kwargs, fingerprint = graph_fields(d)
+        g = cls(**kwargs)
+        check_references(g, g._index)
+        if fingerprint is not None and fingerprint != g.fingerprint:
             raise CostGraphError(
-                f"version: this scheduler reads version {VERSION}, the file has "
-                f"{d.get('version')!r}; re-profile the model with `scheduler profile`")
-        try:
-            node_fields = {f.name for f in fields(Node)}
-            nodes = []
-            for i, nd in enumerate(_get(d, "nodes", list)):
-                _expect(f"nodes[{i}]", nd, dict)
-                unknown = set(nd) - node_fields
-                if unknown:
-                    raise CostGraphError(f"nodes[{i}]: unknown fields {sorted(unknown)}")
-                for k, v in nd.items():
-                    _expect(f"nodes[{i}].{k}", v, _NODE_TYPES[k])
-                for j, u in enumerate(nd.get("inputs", ())):
-                    _expect(f"nodes[{i}].inputs[{j}]", u, str)
-                for j, s in enumerate(nd.get("saved", ())):
-                    if not (isinstance(s, list) and len(s) == 3):
-                        raise CostGraphError(f"nodes[{i}].saved[{j}]: expected [source, "
-                                             f"storage, bytes], got {s!r:.40}")
-                    _expect(f"nodes[{i}].saved[{j}].source", s[0], str)
-                    _expect(f"nodes[{i}].saved[{j}].storage", s[1], (int, type(None)))
-                    _expect(f"nodes[{i}].saved[{j}].bytes", s[2], int)
-                nodes.append(Node(**{
-                    **nd,
-                    "inputs": tuple(nd["inputs"]),
-                    "saved": tuple(Saved(src, sid, int(b)) for src, sid, b in nd["saved"]),
-                }))
-            storages = {}
-            for i, row in enumerate(_get(d, "storages", list)):
-                if len(row) != 8:
-                    raise CostGraphError(f"storages[{i}]: expected 8 fields, got {len(row)}")
-                sid, b, prod, out, inner, last, savers, views = row
-                for col, v, typ in (("id", sid, int), ("bytes", b, int), ("producer", prod, str),
-                                    ("output", out, bool), ("inner_free", inner, bool),
-                                    ("last_use", last, str), ("savers", savers, list),
-                                    ("views", views, list)):
-                    _expect(f"storages[{i}].{col}", v, typ)
-                storages[int(sid)] = Storage(int(sid), int(b), prod, bool(out), bool(inner),
-                                             last, tuple(savers), tuple(views))
-            fwd_events = {k: [(str(e[0]), int(e[1])) for e in v]
-                          for k, v in _get(d, "fwd_events", dict).items()}
-            bwd_steps = [BwdStep(node, float(t), tuple((str(e[0]), int(e[1]), int(e[2]))
-                                                       for e in ev))
-                         for node, t, ev in _get(d, "bwd_steps", list)]
-            g = cls(
-                name=_get(d, "name", str),
-                nodes=nodes,
-                storages=storages,
-                fwd_events=fwd_events,
-                bwd_steps=bwd_steps,
-                param_bytes=_get(d, "param_bytes", int),
-                buffer_bytes=_get(d, "buffer_bytes", int),
-                input_bytes=_get(d, "input_bytes", int),
-                grad_bytes=_get(d, "grad_bytes", int),
-                measured_peak_bytes=_get(d, "measured_peak_bytes", int),
-                measured_step_s=float(_get(d, "measured_step_s", (int, float))),
-                meta=_get(d, "meta", dict),
-                # optional: graphs recorded before these were measured load with zero
-                **{k: float(_get(d, k, (int, float))) for k in _CHECKPOINT_COSTS if k in d},
-            )
-        except CostGraphError:
-            raise
-        except (KeyError, TypeError, ValueError) as e:
-            raise CostGraphError(f"malformed cost graph: {type(e).__name__}: {e}") from e
-        if "fingerprint" in d and d["fingerprint"] != g.fingerprint:
-            raise CostGraphError(
-                f"fingerprint: the file says {d['fingerprint']!r} but its nodes hash to "
+                f"fingerprint: the file says {fingerprint!r} but its nodes hash to "
                 f"{g.fingerprint!r}; the file was edited or corrupted")
         return g
 
@@ -316,13 +255,10 @@ class CostGraph:
                      json.dumps(self.to_dict(), separators=(",", ":")))
 
     @classmethod
-    def load(cls, path: str | Path) -> "CostGraph":
-        """Read a graph written by `save`. Raises `CostGraphError` naming the bad field."""
-        text = Path(path).read_text()
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise CostGraphError(f"{path}: not valid JSON ({e})") from e
+    def load(cls, path: str | Path) -> CostGraph:
+        """Read a graph written by `save`. Raises `CostGraphError` naming the file and the bad
+        field (or why the file is not a graph: a directory, binary, not JSON)."""
+        d = read_json(path, CostGraphError, "a cost graph")
         try:
             return cls.from_dict(d)
         except CostGraphError as e:
@@ -342,31 +278,6 @@ def structure_fingerprint(rows: Iterable[tuple[Any, ...]]) -> str:
     for row in rows:
         h.update(repr(tuple(row)).encode())
     return h.hexdigest()[:16]
-
-
-def _get(d: dict[str, Any], key: str, typ: type | tuple[type, ...]) -> Any:
-    if key not in d:
-        raise CostGraphError(f"{key}: missing")
-    return _expect(key, d[key], typ)
-
-
-def _expect(where: str, v: Any, typ: type | tuple[type, ...]) -> Any:
-    """``v`` if it is a ``typ`` (a bool is not an int or a float here), else `CostGraphError`
-    naming ``where``."""
-    types = typ if isinstance(typ, tuple) else (typ,)
-    if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
-        want = "/".join(t.__name__ for t in types)
-        raise CostGraphError(f"{where}: expected {want}, got {type(v).__name__} ({v!r:.40})")
-    return v
-
-
-#: JSON types of the `Node` fields, checked by `CostGraph.from_dict`.
-_NODE_TYPES: dict[str, type | tuple[type, ...]] = {
-    "name": str, "op": str, "target": str, "inputs": list, "module_path": str, "block": str,
-    "is_loss": bool, "time_s": (int, float), "bwd_time_s": (int, float), "out_bytes": int,
-    "saved": list, "shape": str, "pack_mark": (int, type(None)),
-    "sac_s": (int, float, type(None)),
-}
 
 
 def with_step_time(graph: CostGraph, step_s: float) -> CostGraph:

@@ -13,16 +13,19 @@ were made for, so that applying one to a different model is caught.
 from __future__ import annotations
 
 import json
+import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..files import check_destination, write_atomic
+from .checks import Checks, read_json
 
 if TYPE_CHECKING:
     from .graph import CostGraph
 
-__all__ = ["SCHEMA", "VERSION", "KEEP", "RECOMPUTE", "Region", "Schedule", "ScheduleError"]
+__all__ = ["KEEP", "RECOMPUTE", "SCHEMA", "VERSION", "Region", "Schedule", "ScheduleError"]
 
 SCHEMA = "scheduler.schedule"
 VERSION = 1
@@ -32,6 +35,12 @@ RECOMPUTE = "recompute"
 
 class ScheduleError(ValueError):
     """A schedule is malformed or does not match the graph: the message names the node/field."""
+
+
+_C = Checks(ScheduleError)
+#: the fields of a schedule's JSON document (`Schedule.to_dict`)
+_FIELDS = frozenset({"schema", "version", "fingerprint", "budget_bytes", "solver", "status",
+                     "gap", "solve_s", "estimate", "meta", "regions"})
 
 
 @dataclass(frozen=True)
@@ -85,10 +94,10 @@ class Schedule:
     @classmethod
     def from_regions(
         cls,
-        graph: "CostGraph",
+        graph: CostGraph,
         spans: Iterable[tuple[int, int, str] | tuple[int, int, str, Iterable[str]]],
         **info: Any,
-    ) -> "Schedule":
+    ) -> Schedule:
         """Regions from ``(start, stop, policy[, save])`` spans over ``graph.compute_nodes``
         (indices, ``stop`` exclusive). Validated against ``graph``."""
         names = graph.compute_nodes
@@ -102,14 +111,14 @@ class Schedule:
         return s
 
     @classmethod
-    def none(cls, graph: "CostGraph", **info: Any) -> "Schedule":
+    def none(cls, graph: CostGraph, **info: Any) -> Schedule:
         """No checkpointing: one keep region over every compute node."""
         return cls.from_regions(graph, [(0, len(graph.compute_nodes), KEEP)],
                                 **{"solver": "none", **info})
 
     @classmethod
-    def from_cuts(cls, graph: "CostGraph", cuts: Sequence[int], policies: Sequence[str],
-                  saves: Sequence[Iterable[str]] | None = None, **info: Any) -> "Schedule":
+    def from_cuts(cls, graph: CostGraph, cuts: Sequence[int], policies: Sequence[str],
+                  saves: Sequence[Iterable[str]] | None = None, **info: Any) -> Schedule:
         """Regions between consecutive ``cuts`` (0 < c < n, increasing), one policy each."""
         n = len(graph.compute_nodes)
         bounds = [0, *cuts, n]
@@ -121,7 +130,7 @@ class Schedule:
             **info)
 
     # -- checks -----------------------------------------------------------------------------
-    def validate(self, graph: "CostGraph") -> None:
+    def validate(self, graph: CostGraph) -> None:
         """Raise `ScheduleError` unless the regions cover ``graph``'s compute nodes exactly once,
         in order, and the fingerprint (if set) is the graph's."""
         if self.fingerprint and self.fingerprint != graph.fingerprint:
@@ -176,15 +185,23 @@ class Schedule:
         }
 
     @classmethod
-    def from_dict(cls, d: Any) -> "Schedule":
+    def from_dict(cls, d: Any) -> Schedule:
+        """The schedule in a parsed JSON document, every field checked: raises
+        `ScheduleError` naming the first bad field."""
         if not isinstance(d, dict):
             raise ScheduleError(f"expected a JSON object, got {type(d).__name__}")
         if d.get("schema") != SCHEMA:
             raise ScheduleError(f"schema: expected {SCHEMA!r}, got {d.get('schema')!r}")
-        if d.get("version") != VERSION:
+        v = d.get("version")
+        if isinstance(v, int) and not isinstance(v, bool) and v > VERSION:
+            raise ScheduleError(
+                f"version: the file has schedule version {v}, newer than the {VERSION} this "
+                "scheduler reads; upgrade scheduler (`pip install -U scheduler`)")
+        if v != VERSION or isinstance(v, bool):
             raise ScheduleError(
                 f"version: this scheduler reads schedule version {VERSION}, the file has "
-                f"{d.get('version')!r}; solve again to write a current one")
+                f"{v!r}; solve again to write a current one")
+        _C.fields("", d, _FIELDS)
         regions_raw = d.get("regions")
         if not isinstance(regions_raw, list) or not regions_raw:
             raise ScheduleError("regions: missing or empty")
@@ -194,15 +211,28 @@ class Schedule:
                     r.get("save", [])):
                 raise ScheduleError(f"regions[{i}]: expected {{policy, nodes, save}} with "
                                     f"nodes and save lists of node names, got {r!r:.200}")
+            _C.fields(f"regions[{i}]", r, {"policy", "nodes", "save"})
             regions.append(Region(r.get("policy"), tuple(r["nodes"]),
                                   frozenset(r.get("save", ()))))
         fp = d.get("fingerprint", "")
         if not isinstance(fp, str):
-            raise ScheduleError(f"fingerprint: expected a string, got {fp!r}")
-        return cls(regions, fingerprint=fp, budget_bytes=d.get("budget_bytes"),
-                   solver=d.get("solver", ""), status=d.get("status", ""), gap=d.get("gap"),
-                   solve_s=d.get("solve_s"), estimate=d.get("estimate"),
-                   meta=d.get("meta") or {})
+            raise ScheduleError(f"fingerprint: expected a string, got {fp!r:.40}")
+        estimate = _C.type("estimate", d.get("estimate"), (dict, type(None)))
+        for k, x in (estimate or {}).items():
+            if k.endswith("_bytes"):
+                _C.bytes(f"estimate.{k}", x)
+            elif k != "timeline":
+                _C.number(f"estimate.{k}", x)
+        return cls(regions,
+                   fingerprint=fp,
+                   budget_bytes=_C.bytes("budget_bytes", d.get("budget_bytes"), optional=True,
+                                         limit=2**63 - 1),
+                   solver=_C.type("solver", d.get("solver", ""), str),
+                   status=_C.type("status", d.get("status", ""), str),
+                   gap=_C.number("gap", d.get("gap"), optional=True),
+                   solve_s=_C.seconds("solve_s", d.get("solve_s"), optional=True),
+                   estimate=estimate,
+                   meta=_C.type("meta", d.get("meta", {}), dict))
 
     def save(self, path: str | Path) -> None:
         """Write the schedule as JSON, atomically (`files.write_atomic`); an existing file
@@ -211,15 +241,22 @@ class Schedule:
                      json.dumps(self.to_dict(), indent=1))
 
     @classmethod
-    def load(cls, path: str | Path) -> "Schedule":
+    def load(cls, path: str | Path) -> Schedule:
+        """Read a schedule written by `save`. Raises `ScheduleError` naming the file and the
+        bad field (or why the file is not a schedule: a directory, binary, not JSON); warns
+        (UserWarning) when the file records no graph fingerprint."""
+        d = read_json(path, ScheduleError, "a schedule")
         try:
-            d = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as e:
-            raise ScheduleError(f"{path}: not valid JSON ({e})") from e
-        try:
-            return cls.from_dict(d)
+            s = cls.from_dict(d)
         except ScheduleError as e:
             raise ScheduleError(f"{path}: {e}") from e
+        if not s.fingerprint:
+            # hand-written schedules may leave it out, but then only node names are checked
+            warnings.warn(
+                f"{path}: no fingerprint: the schedule is checked against the model's node "
+                "names only, so using it at another input shape (batch size, sequence length) "
+                "goes unseen; solve again to record one", UserWarning, stacklevel=2)
+        return s
 
 
 def _names(v: Any) -> bool:

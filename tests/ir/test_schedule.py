@@ -278,7 +278,7 @@ def test_load_empty_file(tmp_path: Path) -> None:
         Schedule.load(path)
 
 
-@pytest.mark.parametrize("version", [0, VERSION + 1, None, "1"])
+@pytest.mark.parametrize("version", [0, None, "1"])  # newer: test_loaders.py
 def test_load_other_version(g: CostGraph, tmp_path: Path, version: object) -> None:
     d = _doc(g)
     if version is None:
