@@ -197,8 +197,6 @@ def test_binary_schedule(models, tmp_path):
     one_line_error(*run(["apply", f"{models}:mlp", str(path), "--quiet"])[::2])
 
 
-@pytest.mark.xfail(reason="the schedule loader does not yet name the file (issue 23 item 3, "
-                          "another branch)")
 def test_binary_schedule_names_the_file(models, tmp_path):
     path = tmp_path / "binary.json"
     path.write_bytes(bytes(range(256)) * 4)
@@ -206,8 +204,6 @@ def test_binary_schedule_names_the_file(models, tmp_path):
                                                  "--quiet"])[::2])
 
 
-@pytest.mark.xfail(reason="the schedule loader does not yet validate fields (issue 23 item 3, "
-                          "another branch)")
 @pytest.mark.parametrize("field,value", [("budget_bytes", "abc"), ("estimate", [1, 2])])
 def test_schedule_with_a_bad_field(models, schedule, tmp_path, field, value):
     data = json.loads(schedule.read_text())
