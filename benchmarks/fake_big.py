@@ -74,10 +74,10 @@ def peak_rss_bytes() -> int:
 
 
 def available_bytes() -> int | None:
-    """The machine's available memory (`capture.fake.free_bytes` of the CPU)."""
+    """The machine's available memory (`measurement.storage.free_bytes` of the CPU)."""
     import torch
 
-    from scheduler.capture.fake import free_bytes
+    from scheduler.measurement.storage import free_bytes
 
     return free_bytes(torch.device("cpu"))
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
+from collections.abc import Mapping
 from typing import Any, Iterable, Iterator, Sequence
 
 import torch
@@ -40,11 +40,11 @@ from torch._subclasses.fake_tensor import (
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .usercode import where
+from .usercode import first_line, where
 
 __all__ = ["FakeProfileError", "FakeStep", "OpCounter", "RejectedInputsError", "fake_failure",
-           "free_bytes", "is_spec", "needs_fake", "parse_device", "rejected_inputs",
-           "rounded_bytes", "spec_of"]
+           "is_spec", "needs_fake", "parse_device", "rejected_inputs",
+           "rounded_bytes", "spec_of", "specs_as_meta"]
 
 #: what the CUDA caching allocator rounds every block up to (``kMinBlockSize``): the bytes
 #: ``torch.cuda.memory_allocated`` counts for a storage
@@ -74,6 +74,18 @@ def spec_of(x: Any) -> Any:
     if is_spec(x):
         return torch.empty(tuple(x[0]), dtype=x[1], device="meta")
     return x
+
+
+def specs_as_meta(example_inputs: Any) -> Any:
+    """``(shape, dtype)`` specs among the top-level example inputs (positional, or a mapping's
+    values) as meta tensors (`spec_of`); anything else as is."""
+    if isinstance(example_inputs, Mapping):
+        return {k: spec_of(v) for k, v in example_inputs.items()}
+    if is_spec(example_inputs):
+        return (spec_of(example_inputs),)
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(spec_of(x) for x in example_inputs)
+    return example_inputs
 
 
 def needs_fake(inputs: Any, model: nn.Module | None = None) -> str:
@@ -199,7 +211,7 @@ def parse_device(device: str | torch.device) -> torch.device:
     try:
         return torch.device(device)
     except (RuntimeError, TypeError) as e:
-        raise ValueError(f"device={device!r} is not a device ({_first_line(e)}); give e.g. "
+        raise ValueError(f"device={device!r} is not a device ({first_line(e, 300)}); give e.g. "
                          f"'cpu', 'cuda' or 'cuda:1'") from None
 
 
@@ -244,11 +256,6 @@ def _op_name(op: Any) -> str:
     return f"{known} [{op}]" if known else str(op)
 
 
-def _first_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
-
-
 def fake_failure(e: BaseException) -> FakeProfileError | None:
     """A `FakeProfileError` for an exception fake tensors raise on an op they cannot run
     (None for other exceptions): one line naming the op, the line of the model that ran it
@@ -270,12 +277,12 @@ def fake_failure(e: BaseException) -> FakeProfileError | None:
             f"{_op_name(getattr(e, 'func', None) or (e.args[0] if e.args else None))}{at} has "
             f"no fake-tensor kernel; {real}, or register one (torch.library.register_fake)")
     if isinstance(e, UnsupportedFakeTensorException):
-        return FakeProfileError(f"fake tensors cannot run this step: {_first_line(e)}{at}; "
+        return FakeProfileError(f"fake tensors cannot run this step: {first_line(e, 300)}{at}; "
                                 f"{real}")
     msg = str(e).lower()
     if any(k in msg for k in _FAKE_WORDS):
         return FakeProfileError(
-            f"fake tensors cannot run this step: {_first_line(e)}{at}; {real}")
+            f"fake tensors cannot run this step: {first_line(e, 300)}{at}; {real}")
     return None
 
 
@@ -302,7 +309,7 @@ def rejected_inputs(e: BaseException, model: nn.Module, inputs: Sequence[Any], *
     hint = (" (found running on fake tensors: if the real model takes these inputs, profile "
             "with mode='real')" if fake else "")
     return RejectedInputsError(
-        f"{name} rejects the example inputs {shapes}: {_first_line(e)}{at}; give inputs of "
+        f"{name} rejects the example inputs {shapes}: {first_line(e, 300)}{at}; give inputs of "
         f"the shapes and dtypes {name}.forward takes{hint}")
 
 
@@ -339,7 +346,7 @@ def _quiet_meta_failures() -> Iterator[None]:
 class OpCounter(TorchDispatchMode):
     """Counts each op's floating-point operations (``torch.utils.flop_counter``'s formulas:
     matmuls, convolutions, attention) and the bytes it reads and writes (its tensor inputs
-    and outputs, each storage once), and passes them to ``on_op(flops, nbytes, half)``, where
+    and outputs, each tensor once), and passes them to ``on_op(flops, nbytes, half)``, where
     ``half`` says whether it works in half precision (a bf16/fp16 tensor among its inputs and
     outputs). Works on fake tensors: only shapes are read."""
 
@@ -372,25 +379,3 @@ class OpCounter(TorchDispatchMode):
         self.on_op(flops, nbytes, half)
         return out
 
-
-def free_bytes(device: torch.device) -> int | None:
-    """Memory free for a step on ``device`` right now: CUDA's free device memory, or the
-    machine's available memory (``MemAvailable``) for the CPU; None where it is not known."""
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            return None
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free)
-    if device.type == "cpu":
-        try:
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        try:
-            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return None
-    return None

@@ -10,7 +10,6 @@ it fake first and runs it for real only when the predicted peak fits the device'
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 import torch
@@ -23,8 +22,9 @@ from ..ir.schedule import Schedule
 from ..units import format_bytes
 from . import node_times
 from .calls import call_inputs, check_differentiable
-from .fake import (FakeStep, fake_failure, free_bytes, is_spec, needs_fake, parse_device,
-                   rejected_inputs, spec_of)
+from ..measurement.storage import free_bytes
+from .fake import (FakeStep, fake_failure, needs_fake, parse_device, rejected_inputs,
+                   specs_as_meta)
 from .program import Program
 from .record import Rec, Recorder, build_graph, device_of, profile_traced, traced_fingerprint
 from .roofline import device_spec as device_spec_of
@@ -128,7 +128,7 @@ def profile_step(model: nn.Module, example_inputs: Any, *,
     fake_times = check_profile_options(mode, times, device_spec, headroom)
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    given = _specs_as_meta(example_inputs)
+    given = specs_as_meta(example_inputs)
     inputs = call_inputs(model, given)
     check_differentiable(model, inputs)
     say = progress or (lambda _msg: None)
@@ -225,18 +225,6 @@ def _check_real_device(device: Any, own: torch.device, mode: str) -> None:
             if want.type == "cuda" else "")
     raise ValueError(f"mode={mode!r} runs the step where the model and inputs are ({own}), "
                      f"not on device={str(want)!r}; move them there first{fake}")
-
-
-def _specs_as_meta(example_inputs: Any) -> Any:
-    """``(shape, dtype)`` specs among the top-level inputs (or a mapping's values) as meta
-    tensors."""
-    if isinstance(example_inputs, Mapping):
-        return {k: spec_of(v) for k, v in example_inputs.items()}
-    if is_spec(example_inputs):
-        return (spec_of(example_inputs),)
-    if isinstance(example_inputs, (tuple, list)):
-        return tuple(spec_of(x) for x in example_inputs)
-    return example_inputs
 
 
 def _fake_times(kind: str, prog: Program, model: nn.Module, rec: Rec,

@@ -14,7 +14,6 @@ shape) `FakeProfileError` says so and points to ``times="isolated"``.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 import torch
@@ -26,7 +25,8 @@ from ..ir.graph import CostGraph
 from ..ir.schedule import Schedule
 from ..units import format_bytes
 from .calls import call_inputs
-from .fake import FakeProfileError, FakeStep, free_bytes, is_spec, spec_of
+from ..measurement.storage import free_bytes
+from .fake import FakeProfileError, FakeStep, specs_as_meta
 from .program import Program
 from .rebuild import (
     check_runnable,
@@ -122,7 +122,7 @@ def small_profile(prog: Program, model: nn.Module, rec: Rec, inputs: tuple[Any, 
         if small is None:
             small = small_inputs(model, inputs, fake, loss_fn, say)
         else:
-            small = _materialized(call_inputs(model, _specs_as_meta(small)), device)
+            small = _materialized(call_inputs(model, specs_as_meta(small)), device)
         say(f"profiling at the small size ({_shapes(small)}) for real")
         with warnings.catch_warnings():  # the full-size trace has warned already
             warnings.simplefilter("ignore", UserCodeWarning)
@@ -208,16 +208,6 @@ def _materialized(inputs: Any, device: torch.device) -> Any:
         lambda x: materialize(TensorMeta(tuple(x.shape), contiguous_stride(tuple(x.shape)),
                                          x.dtype, x.requires_grad), device, gen)
         if isinstance(x, torch.Tensor) and x.device.type == "meta" else x, inputs)
-
-
-def _specs_as_meta(inputs: Any) -> Any:
-    if isinstance(inputs, Mapping):
-        return {k: spec_of(v) for k, v in inputs.items()}
-    if is_spec(inputs):
-        return (spec_of(inputs),)
-    if isinstance(inputs, (tuple, list)):
-        return tuple(spec_of(x) for x in inputs)
-    return inputs
 
 
 def _shapes(inputs: Any) -> str:

@@ -209,7 +209,7 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
             tracer = "fx"
             _check_fx_outputs(gm, out_spec)
         except Exception as e:  # noqa: BLE001 - any failure means: try the other tracer
-            fx_error = _first_line(e)
+            fx_error = usercode.first_line(e)
             try:
                 with preserved_state(model), usercode.export_quietly():
                     ep = torch.export.export(step, inputs, strict=False)
@@ -218,7 +218,8 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
             except Exception as e2:  # noqa: BLE001
                 raise TraceError(
                     f"could not trace {type(model).__name__}: torch.fx.symbolic_trace failed with "
-                    f"{fx_error}; torch.export failed with {_first_line(e2)}{usercode.where(e2)}. "
+                    f"{fx_error}; torch.export failed with "
+                    f"{usercode.first_line(e2)}{usercode.where(e2)}. "
                     "Make the failing line free of data-dependent Python control flow (branch on "
                     "shapes, not tensor values; use torch.where), move it into the loss via "
                     "loss_fn=..., or wrap the model so it returns tensors only") from e2
@@ -387,7 +388,3 @@ def _check_fx_outputs(gm: fx.GraphModule, out_spec: pytree.TreeSpec) -> None:
         raise TraceError(f"symbolic trace returned {n} output leaves, the model "
                          f"{out_spec.num_leaves}")
 
-
-def _first_line(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {msg[0] if msg else ''}"[:400]

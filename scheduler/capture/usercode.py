@@ -42,8 +42,8 @@ from torch import nn
 from torch.nn.modules import module as torch_module
 
 __all__ = ["UserCodeWarning", "LostHook", "STEP_FILE", "Watch", "plain_checkpoints",
-           "called_modules", "export_quietly", "unfired_hooks", "warn_user_code", "is_user_file",
-           "where"]
+           "called_modules", "export_quietly", "first_line", "unfired_hooks", "warn_user_code",
+           "is_user_file", "where"]
 
 #: File name of the generated step module's ``forward`` (scheduler code, not the user's).
 STEP_FILE = "<scheduler step>"
@@ -79,6 +79,13 @@ class LostHook:
 def is_user_file(filename: str) -> bool:
     """Whether a frame's file is the user's: not torch's, not this package's, not the step."""
     return filename != STEP_FILE and not os.path.abspath(filename).startswith(_OWN)
+
+
+def first_line(e: BaseException, limit: int = 400) -> str:
+    """``"Type: first line of the message"``, cut at ``limit`` characters (an error quoted
+    inside one of ours)."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:limit]
 
 
 def where(e: BaseException) -> str:

@@ -9,6 +9,7 @@ op allocates and frees inside its own kernel is invisible to it (CUDA measuremen
 
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -17,7 +18,7 @@ import torch.nn as nn
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["StorageTracker", "base_bytes", "state_tensors", "sync_device"]
+__all__ = ["StorageTracker", "base_bytes", "free_bytes", "state_tensors", "sync_device"]
 
 
 class StorageTracker(TorchDispatchMode):
@@ -103,3 +104,26 @@ def sync_device(device: torch.device) -> None:
     """Wait for the device's queued work (CUDA), so that a timer or a peak reads it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory free for a step on ``device`` right now: CUDA's free device memory, or the
+    machine's available memory (``MemAvailable``) for the CPU; None where it is not known."""
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return None
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    return None
