@@ -452,16 +452,17 @@ def test_only_recompute_regions_nest(g: CostGraph) -> None:
 @pytest.mark.parametrize("where", ["outer", "inner", "deeper"])
 def test_save_sets_in_nested_regions_are_refused(g: CostGraph, where: str) -> None:
     c = g.compute_nodes
-    deeper = Region(RECOMPUTE, tuple(c[4:6]), frozenset({"n4"}) if where == "deeper" else
-                    frozenset())
-    inner = (Region(RECOMPUTE, tuple(c[2:4]), frozenset({"n2"}) if where == "inner" else
-                    frozenset()),
-             Region(RECOMPUTE, tuple(c[4:6]), inner=(deeper,)))
+
+    def save(name: str, here: str) -> frozenset[str]:
+        return frozenset({name}) if where == here else frozenset()
+
     with pytest.raises(ScheduleError, match=r"region 'n[24]' \.\. 'n5' nests regions and has a "
                                             r"save set in it: .*drop the save sets there, or "
                                             r"solve without nesting"):
-        Region(RECOMPUTE, tuple(c[2:6]), frozenset({"n2"}) if where == "outer" else frozenset(),
-               inner)
+        deeper = Region(RECOMPUTE, tuple(c[4:6]), save("n4", "deeper"))
+        inner = (Region(RECOMPUTE, tuple(c[2:4]), save("n2", "inner")),
+                 Region(RECOMPUTE, tuple(c[4:6]), inner=(deeper,)))
+        Region(RECOMPUTE, tuple(c[2:6]), save("n2", "outer"), inner)
 
 
 def test_describe_indents_inner_regions(g: CostGraph) -> None:
