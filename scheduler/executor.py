@@ -5,7 +5,9 @@
 order and returns the leaves of the model's output. A keep region's nodes are inline; a
 recompute region is one call of a `CheckpointRegion` submodule, which runs a copy of the
 region's nodes (its ``body``, another ``fx.GraphModule``) under ``torch.utils.checkpoint.
-checkpoint(use_reentrant=False, preserve_rng_state=True)``. fx's generated code drops each
+checkpoint(use_reentrant=False, preserve_rng_state=True)``; a nested region's body calls
+`CheckpointRegion` submodules of its own for its inner recompute regions (nested
+non-reentrant checkpoints), its inner keep regions inline. fx's generated code drops each
 value after its last reader, so values live as long as profiling saw them live.
 
 * **Attributes** (the graph's ``get_attr`` values: parameters and buffers it reads directly)
@@ -63,6 +65,8 @@ class PlannedRegion:
     outputs: list[str]  # values read after the region
     save: frozenset[str]
     attrs: list[str] = field(default_factory=list)  # get_attr values its nodes read
+    # a nested region's inner regions (their inputs and outputs relative to themselves)
+    inner: list[PlannedRegion] = field(default_factory=list)
 
 
 # -- save sets -----------------------------------------------------------------------------
@@ -168,7 +172,9 @@ class CheckpointRegion(nn.Module):
         if torch.compiler.is_compiling():
             return checkpoint(functools.partial(self.body, None, attrs), *inputs,
                               use_reentrant=False, preserve_rng_state=True, **kw)
-        call = _EagerCall(inputs)
+        # (the call state keeps the inputs only for a save set's RNG states: a nested region's
+        # inputs must die when its parent's checkpoint lets go of them)
+        call = _EagerCall(inputs if self.has_save else ())
         return checkpoint(functools.partial(self._eager_body, call, attrs), *inputs,
                           use_reentrant=False, preserve_rng_state=True, **kw)
 
@@ -212,7 +218,7 @@ def generate(prog: Program, regions: list[PlannedRegion]) -> fx.GraphModule:
                 env[n] = _copy_node(g, n, env, None, prog, modules)
             continue
         target = f"region{ri}"
-        modules[target] = _region_module(prog, r, ri, every)
+        modules[target] = _region_module(prog, r, str(ri), every)
         vals = [env[every[a]] for a in (*r.inputs, *r.attrs)]
         call = g.call_module(target, tuple(vals))
         for i, name in enumerate(r.outputs):
@@ -222,7 +228,7 @@ def generate(prog: Program, regions: list[PlannedRegion]) -> fx.GraphModule:
     return fx.GraphModule(modules, g, class_name="ScheduledStep")
 
 
-def _region_module(prog: Program, r: PlannedRegion, ri: int,
+def _region_module(prog: Program, r: PlannedRegion, label: str,
                    every: dict[str, fx.Node]) -> CheckpointRegion:
     body = fx.Graph()
     modules: dict[str, Any] = {}
@@ -231,8 +237,17 @@ def _region_module(prog: Program, r: PlannedRegion, ri: int,
     env = {every[a]: body.placeholder(a) for a in r.inputs}
     for i, a in enumerate(r.attrs):
         env[every[a]] = body.call_function(operator.getitem, (attr_tuple, i))
-    for n in r.nodes:
-        env[n] = _copy_node(body, n, env, call if n.name in r.save else None, prog, modules)
+    for j, sub in enumerate(r.inner or [r]):
+        if sub is not r and sub.recompute:  # a nested checkpoint, called in the body
+            target = f"region{label}_{j}"
+            modules[target] = _region_module(prog, sub, f"{label}_{j}", every)
+            inner_call = body.call_module(target, tuple(env[every[a]]
+                                                        for a in (*sub.inputs, *sub.attrs)))
+            for i, name in enumerate(sub.outputs):
+                env[every[name]] = body.call_function(operator.getitem, (inner_call, i))
+            continue
+        for n in sub.nodes:
+            env[n] = _copy_node(body, n, env, call if n.name in r.save else None, prog, modules)
     body.output(tuple(env[every[o]] for o in r.outputs))
     body.lint()
     attrs = prog.attrs
@@ -240,7 +255,7 @@ def _region_module(prog: Program, r: PlannedRegion, ri: int,
                         if isinstance(attrs[a], torch.Tensor)
                         and not isinstance(attrs[a], nn.Parameter))
     called = tuple(prog.gm.get_submodule(n.target) for n in r.nodes if n.op == "call_module")
-    return CheckpointRegion(fx.GraphModule(modules, body, class_name=f"Region{ri}"),
+    return CheckpointRegion(fx.GraphModule(modules, body, class_name=f"Region{label}"),
                             len(r.inputs), bool(r.save), tuple(dict.fromkeys(called)), buffer_args)
 
 

@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 from .capture.program import Program
 from .capture.trace import alias_groups, mutated_inputs
 from .executor import PlannedRegion, generate
-from .ir.schedule import Schedule, ScheduleError
+from .ir.schedule import Region, Schedule, ScheduleError
 
 __all__ = ["CheckpointedStep"]
 
@@ -108,10 +108,40 @@ def _plan(prog: Program, schedule: Schedule) -> list[PlannedRegion]:
     for ri, r in enumerate(regions):
         r.outputs = [n.name for n in r.nodes
                      if n.name in out_names or any(x != ri for x in readers.get(n.name, ()))]
-        r.attrs = list(dict.fromkeys(a.name for n in r.nodes for a in n.all_input_nodes
-                                     if a.op == "get_attr"))
+        r.attrs = _attrs(r.nodes)
+    for r, sr in zip(regions, schedule.regions):
+        r.inner = [_inner(prog, x, out_names) for x in sr.inner]
     _check_mutations(prog, regions)
     return regions
+
+
+def _attrs(nodes: list[fx.Node]) -> list[str]:
+    return list(dict.fromkeys(a.name for n in nodes for a in n.all_input_nodes
+                              if a.op == "get_attr"))
+
+
+def _inner(prog: Program, r: Region, out_names: set[str]) -> PlannedRegion:
+    """An inner region of a nested one: its inputs are the values its nodes read from outside
+    it, its outputs those of its nodes read outside it (anywhere) or returned by the model."""
+    nodes = [prog.by_name[n] for n in r.nodes]
+    inside = set(r.nodes)
+    inputs = list(dict.fromkeys(a.name for n in nodes for a in n.all_input_nodes
+                                if a.name not in inside and a.op != "get_attr"))
+    outputs = [n.name for n in nodes
+               if n.name in out_names or any(u.name not in inside for u in n.users)]
+    return PlannedRegion(r.recompute, nodes, inputs, outputs, r.save, _attrs(nodes),
+                         [_inner(prog, x, out_names) for x in r.inner])
+
+
+def _recomputed(regions: list[PlannedRegion], label: str = "region "
+                ) -> list[tuple[str, PlannedRegion]]:
+    """Every recompute region, nested ones too, with a label (``region 2``, ``region 2.1``)."""
+    out = []
+    for ri, r in enumerate(regions):
+        if r.recompute:
+            out.append((f"{label}{ri}", r))
+            out.extend(_recomputed(r.inner, f"{label}{ri}."))
+    return out
 
 
 def _check_mutations(prog: Program, regions: list[PlannedRegion]) -> None:
@@ -129,16 +159,14 @@ def _check_mutations(prog: Program, regions: list[PlannedRegion]) -> None:
     writes = [(n, group[a]) for n in prog.nodes for a in mutated_inputs(n)
               if group[a] not in attr_groups]
     every = {n.name: n for n in prog.gm.graph.nodes}
-    for ri, r in enumerate(regions):
-        if not (r.recompute and writes):
-            continue
+    for label, r in _recomputed(regions) if writes else ():
         start = prog.pos[r.nodes[0]]
         outside = {group[every[n]]: n for n in r.inputs}
         for node, g in writes:
             if prog.pos[node] >= start and g in outside:
                 raise ScheduleError(
-                    f"region {ri} recomputes from {outside[g]!r}, which node {node.name!r} "
+                    f"{label} recomputes from {outside[g]!r}, which node {node.name!r} "
                     f"({node.target}) writes in place afterwards: the backward replay would "
-                    f"read the written value. Keep region {ri} (policy keep), or let one "
+                    f"read the written value. Keep {label} (policy keep), or let one "
                     f"recompute region hold both {node.name!r} and the allocation of the "
                     f"value it writes into")
