@@ -43,8 +43,9 @@ def certify(graph: CostGraph, result: SolveResult, *, time_limit_s: float | None
     Args:
         graph: the graph the result was solved for.
         result: a solver's result. One that claims nothing (a baseline's, which is not
-            ``certifiable``), one that does not fit, or one certified already is returned as
-            it is (certified).
+            ``certifiable``), one that does not fit, one certified already, or one whose
+            schedule nests regions (the full-space bound is over flat schedules: it neither
+            bounds nor certifies a nested one) is returned as it is (certified).
         time_limit_s: seconds for the bound's solve: at most `SolverConfig.bound_s`; with less
             than `SolverConfig.min_bound_s`, none is solved. None: `SolverConfig.bound_s`.
         bound_s: a full-space bound proven already for this graph and budget (``relax``'s,
@@ -59,6 +60,11 @@ def certify(graph: CostGraph, result: SolveResult, *, time_limit_s: float | None
     """
     if result.certified or not result.certifiable or result.status == INFEASIBLE \
             or result.schedule is None or result.estimate is None:
+        return replace(result, certified=True)
+    if result.schedule.nested:
+        # the full-space bound is over flat schedules (with save sets); a nested schedule can
+        # fit where none of those does, so that bound neither bounds nor certifies it: the
+        # result keeps what its solver proved over its own space (``space_optimal``)
         return replace(result, certified=True)
     config = config or SolverConfig()
     started = time.perf_counter()

@@ -321,6 +321,9 @@ class CpsatModel:
     def add_replays(self, schedule: Schedule) -> None:
         """The replay constraints of ``schedule``'s recompute regions not probed yet (their
         copies are left out of other steps: a weaker relaxation, still valid)."""
+        if schedule.nested:
+            raise ValueError("cpsat's replay constraints are for flat schedules; this one "
+                             f"nests regions (depth {schedule.depth})")
         first_unit = {p: u for u, p in enumerate(self.points)}
         i = 0
         for r in schedule.regions:

@@ -158,7 +158,10 @@ def region_schedule(graph: CostGraph, points: list[int], ends: list[bool],
 def snap(schedule: Schedule, points: list[int]) -> tuple[list[bool], list[bool], bool]:
     """``schedule`` moved onto ``points``: each region boundary to the nearest point. Returns
     (each unit's policy, recompute: True; whether each point but the last is a boundary;
-    whether none had to move)."""
+    whether none had to move). A nested schedule (`Schedule.nested`) is refused."""
+    if schedule.nested:
+        raise ValueError(f"cpsat's space is flat: a nested schedule (depth {schedule.depth}) "
+                         "cannot be snapped onto its points; hint it with a flat schedule")
     bounds, i = [0], 0
     policy = []
     for r in schedule.regions:

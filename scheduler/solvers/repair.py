@@ -47,7 +47,10 @@ _Key = tuple[str, str]  # a change: (kind, the node it names)
 def repair(graph: CostGraph, schedule: Schedule, budget_bytes: int, time_limit_s: float, *,
            config: SolverConfig | None = None) -> Schedule | None:
     """A schedule near ``schedule`` whose simulated peak fits ``budget_bytes``, found within
-    about ``time_limit_s`` (see the module docstring), or None."""
+    about ``time_limit_s`` (see the module docstring), or None. Flat schedules only."""
+    if schedule.nested:
+        raise ValueError(f"repair changes flat schedules; this one nests regions (depth "
+                         f"{schedule.depth}): repair its flat form or solve again")
     config = config or SolverConfig()
     deadline = time.perf_counter() + time_limit_s
     at = {x: i for i, x in enumerate(graph.compute_nodes)}

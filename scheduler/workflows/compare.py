@@ -267,7 +267,7 @@ def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
 
 def _key(schedule: Schedule | None) -> Any:
     """What makes two schedules run the same (not who made them or for which budget)."""
-    return None if schedule is None else tuple((r.policy, r.nodes, r.save)
+    return None if schedule is None else tuple((r.policy, r.nodes, r.save, r.inner)
                                                for r in schedule.regions)
 
 

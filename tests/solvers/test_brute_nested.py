@@ -4,6 +4,8 @@ blocks nesting reaches a peak below the least flat one (the point of nesting).""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 from _chain import chain
 
@@ -12,6 +14,9 @@ from scheduler.ir.schedule import Schedule
 from scheduler.solvers.base import FEASIBLE, INFEASIBLE
 from scheduler.solvers.brute import brute_force, count_schedules
 from scheduler.solvers.brute_nested import brute_force_nested, count_nested, nested_schedules
+from scheduler.solvers.certify import certify
+from scheduler.solvers.cpsat_space import snap
+from scheduler.solvers.repair import repair
 
 
 def _blocks(k: int) -> tuple[object, list[int]]:
@@ -96,3 +101,25 @@ def test_bad_arguments_are_named() -> None:
     with pytest.raises(ValueError, match=r"would simulate \d+ schedules, more than "
                                          r"max_schedules=10"):
         brute_force_nested(g, 10**9, points=pts, depth=2, max_schedules=10)
+
+
+def test_certify_leaves_a_nested_result_as_its_solver_proved_it() -> None:
+    """Below the flat floor the full-space bound (over flat schedules) has nothing to say
+    about a nested schedule: no bound, no warning, the space optimum kept as FEASIBLE."""
+    g, pts = _blocks(3)
+    budget = brute_force_nested(g, 0, points=pts, depth=1).least_peak_bytes - 1
+    result = brute_force_nested(g, budget, points=pts, depth=2).result
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = certify(g, result, time_limit_s=5)
+    assert got.certified and got.status == FEASIBLE and got.lower_bound_s is None
+    assert got.space_optimal and got.schedule == result.schedule
+
+
+def test_flat_only_helpers_refuse_a_nested_schedule() -> None:
+    g, pts = _blocks(2)
+    nested = next(s for s in nested_schedules(g, pts, 2) if s.nested)
+    with pytest.raises(ValueError, match=r"repair changes flat schedules; this one nests"):
+        repair(g, nested, 10**9, 1.0)
+    with pytest.raises(ValueError, match=r"cpsat's space is flat: a nested schedule"):
+        snap(nested, pts)
