@@ -25,9 +25,12 @@ in its inner ``keep`` regions (all its nodes when it has no inner regions):
   the same rules, and so on down. A node replayed by several levels pays its forward time
   each time, and each checkpoint entered pays `CostGraph.checkpoint_call_s`.
 
-An inner region counts as packing inputs when one of its nodes reads a compute node outside
-it (`Node.inputs`): one reading only graph inputs is taken to pack too, where it is the last
-holder, if it reads nothing from outside it, it is taken to pack nothing.
+An inner recompute region counts as packing inputs (which decides where its parent's replay
+stops) when one of its nodes reads a compute node outside it (`Node.inputs`). One that reads
+only graph inputs from outside packs those in PyTorch too but counts as packing nothing here:
+the graph does not record which nodes read graph inputs.
+
+Regions with save sets never nest (`Region` refuses them), so nothing here caches.
 """
 
 from __future__ import annotations
