@@ -1,0 +1,257 @@
+"""What every region of the block DP's space costs, from a few simulations (`BlockTable`).
+
+The space (`blockdp`): regions start and end at stage boundaries (`blocks.find_blocks`); a
+region is one stage kept, or one stage recomputed, or a run of at most ``max_span`` stages of
+one kind recomputed; a recompute region saves, in each of its stages, the same node positions:
+none, the kind's slowest allocating node, ..., its ``save_top`` slowest (by the kind's median
+time). As in `dp`, an entry is a region's local peak ``L``, the bytes ``H`` it holds while
+later regions run, its recompute time ``T``, the loss region's local peak when it is the last
+region, and whether all of them were separable, for each state the region before it leaves
+(`dp.ENTRY_STATES`).
+
+**Time** is exact per position: a region's recompute time is its own (`simulate` adds no term
+that depends on other regions), and it is the sum over its stages, each counted in full but
+the last, which is replayed only up to its last saver and carries the checkpoint call. Three
+simulations per save level give every stage's time as a one-stage region (``one``) and as the
+first of a two-stage region (``pair``): ``full = pair - one(next)``.
+
+**Memory** is shifted from two positions. Stages of one kind are identical, so a region over
+``m`` stages of a kind with one option after one state differs from another position only by
+the gradients the later stages' backward left alive when its own backward starts: a
+schedule-independent ``G(b)`` of the point ``b`` where it ends (`gradient_steps`, summed). Its
+forward local peak ``F`` and backward one ``B`` are the same everywhere, so ``L = max(F, B +
+G(b))``. The table measures ``L`` at the positions with the least and the most ``G`` (and at
+the end of the graph, where the loss region's peak also counts) and reads ``F`` and ``B`` off
+the two (`_Line`); every position between is then exact. ``H`` must agree at both positions.
+Where a measurement breaks this (two L that no ``max(F, B + G)`` gives, or H differing), the
+entry is marked inexact, and the DP claims nothing for schedules that use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+from statistics import median
+
+from ..cost.simulate import gradient_steps, region_costs, storage_readers
+from ..ir.graph import CostGraph
+from ..ir.schedule import KEEP, RECOMPUTE, Schedule
+from .blocks import Blocks
+from .dp import ENTRY_STATES, POLICIES
+
+__all__ = ["BlockTable", "Entry"]
+
+CACHED = ENTRY_STATES[2]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One region's costs (see the module docstring)."""
+
+    local: int
+    held: int
+    time_s: float
+    tail_local: int
+    exact: bool
+
+
+@dataclass(frozen=True)
+class _Line:
+    """``L(G) = max(f, b + G)`` read off two measurements ``(G1, L1)``, ``(G2, L2)``."""
+
+    f: float
+    b: float
+    ok: bool
+
+    @classmethod
+    def through(cls, g1: int, l1: int, g2: int, l2: int) -> _Line:
+        if g1 > g2:
+            g1, l1, g2, l2 = g2, l2, g1, l1
+        if l2 == l1:  # the forward peak rules at both (and between)
+            return cls(l1, float("-inf"), True)
+        if l2 - l1 == g2 - g1:  # the backward peak rules at both
+            return cls(float("-inf"), l1 - g1, True)
+        if l1 < l2 < l1 + (g2 - g1):  # forward at G1, backward at G2
+            return cls(l1, l2 - g2, True)
+        return cls(max(l1, l2), float("-inf"), False)
+
+    def at(self, g: int) -> int:
+        return int(max(self.f, self.b + g))
+
+
+class BlockTable:
+    """Entries of every region of the space over ``blocks``' stages; ``options[a, m]`` lists
+    the (policy, save set) of regions over stages ``a .. a+m-1``, ``entries[a, m, o, q]``
+    their costs after state ``q`` (None for the first stage). ``simulations`` counts the
+    simulations it ran. It keeps no reference to the graph."""
+
+    def __init__(self, graph: CostGraph, blocks: Blocks, *, max_span: int, save_top: int):
+        names = graph.compute_nodes
+        self.stages = blocks.stages
+        self.points = blocks.points
+        self.max_span = max_span
+        self.simulations = 0
+        S = len(self.stages)
+        kinds = [s.kind for s in self.stages]
+        tops = _save_positions(graph, blocks, save_top)
+        self.levels = [len(tops[k]) for k in kinds]
+        self.crossing = _crossing_producers(graph, self.points)
+        self.options: dict[tuple[int, int], list[tuple[str, frozenset[str]]]] = {}
+        for a in range(S):
+            for m in range(1, min(max_span, S - a) + 1):
+                if len(set(kinds[a:a + m])) > 1:
+                    break
+                recs = [(RECOMPUTE, frozenset(
+                    names[self.stages[s].start + off] for s in range(a, a + m)
+                    for off in tops[kinds[a]][:k])) for k in range(self.levels[a] + 1)]
+                self.options[a, m] = ([(KEEP, frozenset())] if m == 1 else []) + recs
+        self.states = {a: (None,) if a == 0 else POLICIES + (
+            (CACHED,) if self.crossing[a] in self.options[a - 1, 1][-1][1] else ())
+            for a in range(S)}
+        one, full = self._times(graph, tops)
+        g = _gradients_before(graph, self.points)
+        self.entries: dict[tuple[int, int, int, str | None], Entry] = {}
+        groups: dict[tuple, list[int]] = {}
+        for (a, m), opts in self.options.items():
+            for o in range(len(opts)):
+                for q in self.states[a]:
+                    groups.setdefault((kinds[a], m, o, q, a == 0), []).append(a)
+        for (_, m, o, q, _), starts in groups.items():
+            lo = min(starts, key=lambda a: (g[a + m], a))
+            hi = max(starts, key=lambda a: (g[a + m], a))
+            measured = {a: self._measure(graph, a, m, o, q)
+                        for a in {lo, hi} | {a for a in starts if a + m == S}}
+            (l1, h1, _, e1), (l2, h2, _, e2) = measured[lo], measured[hi]
+            line = _Line.through(g[lo + m], l1, g[hi + m], l2)
+            exact = e1 and e2 and line.ok and h1 == h2
+            keep = self.options[starts[0], m][o][0] == KEEP
+            k = o - 1 if m == 1 else o  # the save level
+            for a in starts:
+                t = 0.0 if keep else sum(full[k][a:a + m - 1]) + one[k][a + m - 1]
+                if a in measured:
+                    local, held, tail, ex = measured[a]
+                    self.entries[a, m, o, q] = Entry(local, held, t, tail, ex and exact)
+                else:
+                    self.entries[a, m, o, q] = Entry(line.at(g[a + m]), max(h1, h2), t, 0,
+                                                     exact)
+
+    def leaves(self, a: int, m: int, o: int) -> str:
+        """The state a region over stages ``a .. a+m-1`` with option ``o`` leaves."""
+        p, save = self.options[a, m][o]
+        if p == RECOMPUTE and self.crossing[a + m] in save:
+            return CACHED
+        return p
+
+    def spans(self, a: int, m: int, o: int) -> tuple[int, int, str, frozenset[str]]:
+        p, save = self.options[a, m][o]
+        return self.points[a], self.points[a + m], p, save
+
+    def _run(self, graph: CostGraph, spans: list[tuple]) -> list:
+        self.simulations += 1
+        return region_costs(graph, Schedule.from_regions(graph, spans), timeline=False)[1]
+
+    def _measure(self, graph: CostGraph, a: int, m: int, o: int, q: str | None
+                 ) -> tuple[int, int, int, bool]:
+        """(local, held, tail local, separable) of the region, measured with the simulator:
+        before it one region leaving ``q``, after it everything kept (as `dp` does)."""
+        n = len(graph.compute_nodes)
+        start, stop, p, save = self.spans(a, m, o)
+        spans: list[tuple] = []
+        if start > 0:
+            spans.append((0, start, RECOMPUTE, {self.crossing[a]}) if q == CACHED
+                         else (0, start, q))
+        spans.append((start, stop, p, save))
+        if stop < n:
+            spans.append((stop, n, KEEP))
+        costs = self._run(graph, spans)
+        j = 1 if start > 0 else 0
+        c = costs[j]
+        return (c.local_peak_bytes, c.held_bytes, costs[-1].local_peak_bytes,
+                c.separable and all(x.separable for x in costs[:j]))
+
+    def _times(self, graph: CostGraph, tops: dict[int, list[int]]
+               ) -> tuple[list[list[float]], list[list[float]]]:
+        """Per save level k-1 (index) and stage: its recompute time as a one-stage region
+        (``one``) and as a stage replayed in full before another (``full``)."""
+        names = graph.compute_nodes
+        S = len(self.stages)
+        one, full = [], []
+
+        def region(s: int, stop: int, k: int) -> tuple:
+            save = {names[self.stages[x].start + off] for x in range(s, stop)
+                    for off in tops[self.stages[x].kind][:k]}
+            return (self.points[s], self.points[stop], RECOMPUTE, save)
+
+        for k in range(max(self.levels) + 1):
+            costs = self._run(graph, [region(s, s + 1, min(k, self.levels[s]))
+                                      for s in range(S)])
+            o = [c.recompute_s for c in costs[:S]]
+            pair = [0.0] * S
+            for r in (0, 1):
+                spans, firsts = [], []
+                s = 0
+                while s < S:
+                    if (s - r) % 2 == 0 and s + 1 < S:
+                        firsts.append((len(spans), s))
+                        spans.append(region(s, s + 2, min(k, self.levels[s],
+                                                           self.levels[s + 1])))
+                        s += 2
+                    else:
+                        spans.append((self.points[s], self.points[s + 1], KEEP))
+                        s += 1
+                costs = self._run(graph, spans)
+                for i, s0 in firsts:
+                    pair[s0] = costs[i].recompute_s
+            one.append(o)
+            full.append([pair[s] - o[s + 1] if s + 1 < S else 0.0 for s in range(S)])
+        return one, full
+
+
+def _save_positions(graph: CostGraph, blocks: Blocks, save_top: int) -> dict[int, list[int]]:
+    """Per kind: offsets within its stages of its ``save_top`` slowest allocating nodes, by
+    the kind's median time (ties by position)."""
+    names = graph.compute_nodes
+    members: dict[int, list[int]] = {}
+    for s in blocks.stages:
+        members.setdefault(s.kind, []).append(s.start)
+    out = {}
+    for kind, starts in members.items():
+        width = next(s.stop - s.start for s in blocks.stages if s.kind == kind)
+        ranked = sorted((-median(graph.node(names[a + off]).time_s for a in starts), off)
+                        for off in range(width) if graph.allocates(names[starts[0] + off]))
+        out[kind] = [off for _, off in ranked[:save_top]]
+    return out
+
+
+def _crossing_producers(graph: CostGraph, points: list[int]) -> list[str | None]:
+    """Per point: the producer of the activation crossing it (None at the ends or when none
+    does)."""
+    names = graph.compute_nodes
+    n = len(names)
+    idx = {x: i for i, x in enumerate(names)}
+    readers = storage_readers(graph)
+    out: list[str | None] = [None] * len(points)
+    for sid, st in graph.storages.items():
+        p = idx.get(st.producer, n)
+        last = max((idx.get(r, n) for r in (*st.savers, *readers[sid])), default=p)
+        for i, c in enumerate(points):
+            if 0 < c < n and p < c <= last:
+                out[i] = st.producer
+    return out
+
+
+def _gradients_before(graph: CostGraph, points: list[int]) -> list[int]:
+    """Per point b: the net bytes that the backward steps before the first backward step of a
+    node before b leave alive (`gradient_steps`): what the stages from b on leave to the
+    region ending at b when its backward starts. Schedule-independent."""
+    idx = {x: i for i, x in enumerate(graph.compute_nodes)}
+    n = len(idx)
+    steps = gradient_steps(graph)
+    net = [0, *accumulate(s[2] for s in steps)]
+    first: dict[int, int] = {}  # point index -> first step of a node before it
+    for i, (node, _, _) in enumerate(steps):
+        p = idx.get(node or "", n)
+        for j, b in enumerate(points):
+            if p < b and j not in first:
+                first[j] = i
+    return [net[first.get(j, len(steps))] for j in range(len(points))]
