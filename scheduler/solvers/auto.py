@@ -2,8 +2,9 @@
 
 It runs every baseline, then ``relax`` (schedules read off the full-space relaxation, with its
 proven bound, for `SolverConfig.relax_share` of the time limit), and returns at once when that
-is OPTIMAL (nothing in the full space does better). Otherwise it goes on with ``dp`` (exact
-over chain schedules), ``cpsat`` (exact over region schedules of general graphs, within the
+is OPTIMAL (nothing in the full space does better). Otherwise it goes on with ``blocks``
+(exact over the chain of repeated blocks, where blocks repeat), ``dp`` (exact over chain
+schedules), ``cpsat`` (exact over region schedules of general graphs, within the
 time limit) and, when something fits and there is a time limit, ``cpsat_fine`` (a finer space,
 for `SolverConfig.fine_share` of the limit, warm-started from the best so far), and returns
 the schedule with the least recompute time whose simulated peak fits.
@@ -22,6 +23,7 @@ from dataclasses import replace
 
 from ..ir.graph import CostGraph
 from .base import INFEASIBLE, OPTIMAL, SolveResult, get_solver, register
+from .blockdp import blocks_of
 from .certify import certify
 from .config import SolverConfig
 
@@ -55,6 +57,8 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
                        solve_s=time.perf_counter() - started)
     results = [get_solver("dp")(graph, budget_bytes, time_limit_s=time_limit_s, config=config),
                relaxed]
+    if blocks_of(graph).repeats:  # exact over the chain of blocks, in about a second
+        results.insert(0, get_solver("blocks")(graph, budget_bytes, config=config))
     reserve = 0.0 if time_limit_s is None else config.fine_share * time_limit_s
     fitting = [r for r in results + baselines if r.status != INFEASIBLE]
     if time_limit_s is None or left() >= config.min_solve_s or not fitting:
