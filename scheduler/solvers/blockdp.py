@@ -3,9 +3,9 @@
 **Space.** `blocks.find_blocks` cuts the graph into stages: a prefix (embeddings), the chain
 of blocks and a suffix (head, loss), each stage a run of nodes between chain cuts, each block
 with its kind (identical blocks share one). A schedule's regions start and end at stage
-boundaries: one stage kept, one stage recomputed, or a run of at most ``max_span`` stages of
-one kind recomputed; a recompute region saves in each of its stages the same node positions:
-none, or the kind's 1 .. ``save_top`` slowest allocating nodes (`SolverConfig.save_top`).
+boundaries: one stage kept, or a run of at most ``max_span`` stages recomputed; at save level
+k a recompute region saves in each of its stages the kind's k slowest allocating node
+positions, k from 0 to ``save_top`` (`SolverConfig.save_top`).
 Keep regions over several stages are runs of one-stage keep regions (they compose exactly,
 as in `dp`). The space is named in ``schedule.meta["space"]``.
 
@@ -21,7 +21,7 @@ before `certify`, ``space_optimal`` after) only when every entry it used was exa
 simulated peak equals the composed one.
 
 Running time: the table costs a few simulations per kind, span and option (not per block:
-2-3 per distinct block kind, span length, option and entry state, plus 3 per save level),
+2-3 per distinct run of kinds, option and entry state, plus 3 per save level),
 cached beside the graph; then O(S * max_span * options * F) per budget, S the stages, F the
 Pareto front size; the floor (least peak over the space) is a binary search on a feasibility
 DP of O(S * max_span * options) per step.
@@ -67,8 +67,8 @@ def table_of(graph: CostGraph, *, max_span: int = MAX_SPAN,
 def space_of(graph: CostGraph, table: BlockTable, save_top: int) -> str:
     """The text naming the space, for ``schedule.meta["space"]``."""
     return (f"block chain ({blocks_of(graph).describe()}): regions at stage boundaries, "
-            f"one stage kept or recomputed, or up to {table.max_span} blocks of one kind "
-            f"recomputed, saving the same {save_top} slowest positions at most in each")
+            f"one stage kept, or up to {table.max_span} stages recomputed, saving in each "
+            f"the same positions, at most its kind's {save_top} slowest")
 
 
 def search(table: BlockTable, budget: int

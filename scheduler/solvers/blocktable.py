@@ -1,10 +1,9 @@
 """What every region of the block DP's space costs, from a few simulations (`BlockTable`).
 
 The space (`blockdp`): regions start and end at stage boundaries (`blocks.find_blocks`); a
-region is one stage kept, or one stage recomputed, or a run of at most ``max_span`` stages of
-one kind recomputed; a recompute region saves, in each of its stages, the same node positions:
-none, the kind's slowest allocating node, ..., its ``save_top`` slowest (by the kind's median
-time). As in `dp`, an entry is a region's local peak ``L``, the bytes ``H`` it holds while
+region is one stage kept, or a run of at most ``max_span`` stages recomputed; at save level k
+a recompute region saves, in each of its stages, its kind's k slowest allocating node
+positions (by the kind's median time; all it has when fewer), k from 0 to ``save_top``. As in `dp`, an entry is a region's local peak ``L``, the bytes ``H`` it holds while
 later regions run, its recompute time ``T``, the loss region's local peak when it is the last
 region, and whether all of them were separable, for each state the region before it leaves
 (`dp.ENTRY_STATES`).
@@ -16,7 +15,8 @@ simulations per save level give every stage's time as a one-stage region (``one`
 first of a two-stage region (``pair``): ``full = pair - one(next)``.
 
 **Memory** is shifted from two positions. Stages of one kind are identical, so a region over
-``m`` stages of a kind with one option after one state differs from another position only by
+a run of stages with one sequence of kinds, one option and one entry state differs from
+another position with the same sequence only by
 the gradients the later stages' backward left alive when its own backward starts: a
 schedule-independent ``G(b)`` of the point ``b`` where it ends (`gradient_steps`, summed). Its
 forward local peak ``F`` and backward one ``B`` are the same everywhere, so ``L = max(F, B +
@@ -99,11 +99,8 @@ class BlockTable:
         self.options: dict[tuple[int, int], list[tuple[str, frozenset[str]]]] = {}
         for a in range(S):
             for m in range(1, min(max_span, S - a) + 1):
-                if len(set(kinds[a:a + m])) > 1:
-                    break
-                recs = [(RECOMPUTE, frozenset(
-                    names[self.stages[s].start + off] for s in range(a, a + m)
-                    for off in tops[kinds[a]][:k])) for k in range(self.levels[a] + 1)]
+                recs = [(RECOMPUTE, self._save(names, tops, a, a + m, k))
+                        for k in range(max(self.levels[a:a + m]) + 1)]
                 self.options[a, m] = ([(KEEP, frozenset())] if m == 1 else []) + recs
         self.states = {a: (None,) if a == 0 else POLICIES + (
             (CACHED,) if self.crossing[a] in self.options[a - 1, 1][-1][1] else ())
@@ -115,8 +112,9 @@ class BlockTable:
         for (a, m), opts in self.options.items():
             for o in range(len(opts)):
                 for q in self.states[a]:
-                    groups.setdefault((kinds[a], m, o, q, a == 0), []).append(a)
-        for (_, m, o, q, _), starts in groups.items():
+                    groups.setdefault((tuple(kinds[a:a + m]), o, q, a == 0), []).append(a)
+        for (run, o, q, _), starts in groups.items():
+            m = len(run)
             lo = min(starts, key=lambda a: (g[a + m], a))
             hi = max(starts, key=lambda a: (g[a + m], a))
             measured = {a: self._measure(graph, a, m, o, q)
@@ -145,6 +143,13 @@ class BlockTable:
     def spans(self, a: int, m: int, o: int) -> tuple[int, int, str, frozenset[str]]:
         p, save = self.options[a, m][o]
         return self.points[a], self.points[a + m], p, save
+
+    def _save(self, names: list[str], tops: dict[int, list[int]], a: int, b: int, k: int
+              ) -> frozenset[str]:
+        """The save set at level ``k`` of a region over stages ``a .. b-1``: in each stage,
+        its kind's ``k`` slowest positions (all it has, when fewer)."""
+        return frozenset(names[self.stages[s].start + off] for s in range(a, b)
+                         for off in tops[self.stages[s].kind][:k])
 
     def _run(self, graph: CostGraph, spans: list[tuple]) -> list:
         self.simulations += 1
@@ -178,13 +183,11 @@ class BlockTable:
         one, full = [], []
 
         def region(s: int, stop: int, k: int) -> tuple:
-            save = {names[self.stages[x].start + off] for x in range(s, stop)
-                    for off in tops[self.stages[x].kind][:k]}
-            return (self.points[s], self.points[stop], RECOMPUTE, save)
+            return (self.points[s], self.points[stop], RECOMPUTE,
+                    self._save(names, tops, s, stop, k))
 
         for k in range(max(self.levels) + 1):
-            costs = self._run(graph, [region(s, s + 1, min(k, self.levels[s]))
-                                      for s in range(S)])
+            costs = self._run(graph, [region(s, s + 1, k) for s in range(S)])
             o = [c.recompute_s for c in costs[:S]]
             pair = [0.0] * S
             for r in (0, 1):
@@ -193,8 +196,7 @@ class BlockTable:
                 while s < S:
                     if (s - r) % 2 == 0 and s + 1 < S:
                         firsts.append((len(spans), s))
-                        spans.append(region(s, s + 2, min(k, self.levels[s],
-                                                           self.levels[s + 1])))
+                        spans.append(region(s, s + 2, k))
                         s += 2
                     else:
                         spans.append((self.points[s], self.points[s + 1], KEEP))
