@@ -6,8 +6,21 @@ non-reentrant `torch.utils.checkpoint.checkpoint`: forward keeps only its inputs
 outputs of the nodes in its ``save`` set (a selective-checkpoint MUST_SAVE policy), and
 backward replays the rest. Semantics are in DESIGN.md; costs are computed by `simulate`.
 
+**Nested regions** (multi-level checkpointing): a ``recompute`` region may hold ``inner``
+regions that cover its nodes exactly, in order, each ``keep`` or ``recompute`` and the latter
+nesting further. It runs as nested non-reentrant checkpoints (PyTorch's NOTE [ Nestable
+Checkpoint ]): forward keeps only the outer region's inputs; backward replays the outer region
+when it first needs one of its tensors, and during that replay the inner ``keep`` regions keep
+what they save while the inner ``recompute`` regions keep only their inputs and are replayed
+again when backward reaches them. Build one from `Region` objects,
+``Schedule([Region(RECOMPUTE, nodes, inner=(Region(KEEP, a), Region(RECOMPUTE, b))), ...],
+fingerprint=graph.fingerprint)``, then ``validate(graph)``; `Schedule.depth` says how deep it
+nests. Save sets are refused anywhere in a nested region (`ScheduleError`).
+
 Schedules are torch-free and saved as versioned JSON carrying the fingerprint of the graph they
-were made for, so that applying one to a different model is caught.
+were made for, so that applying one to a different model is caught. A schedule without nesting
+is written as version 1, exactly as before nesting existed; a nested one as version 2, whose
+region objects may carry ``"inner": [region objects]``. Both versions are read.
 """
 
 from __future__ import annotations
@@ -25,10 +38,14 @@ from .checks import Checks, read_json
 if TYPE_CHECKING:
     from .graph import CostGraph
 
-__all__ = ["KEEP", "RECOMPUTE", "SCHEMA", "VERSION", "Region", "Schedule", "ScheduleError"]
+__all__ = ["KEEP", "NESTED_VERSION", "RECOMPUTE", "SCHEMA", "VERSION", "Region", "Schedule",
+           "ScheduleError"]
 
 SCHEMA = "scheduler.schedule"
+#: the version a schedule without nested regions is written as
 VERSION = 1
+#: the version a schedule with nested regions is written as (the newest this reads)
+NESTED_VERSION = 2
 KEEP = "keep"
 RECOMPUTE = "recompute"
 
@@ -45,11 +62,14 @@ _FIELDS = frozenset({"schema", "version", "fingerprint", "budget_bytes", "solver
 
 @dataclass(frozen=True)
 class Region:
-    """A contiguous run of compute nodes with one policy. ``save`` is only for ``recompute``."""
+    """A contiguous run of compute nodes with one policy. ``save`` is only for ``recompute``;
+    so is ``inner``: regions that cover ``nodes`` exactly, in order (see the module
+    docstring)."""
 
     policy: str
     nodes: tuple[str, ...]
     save: frozenset[str] = frozenset()
+    inner: tuple[Region, ...] = ()
 
     def __post_init__(self) -> None:
         if self.policy not in (KEEP, RECOMPUTE):
@@ -66,10 +86,45 @@ class Region:
             raise ScheduleError(
                 f"save-set node {stray[0]!r} is not in its region "
                 f"({self.nodes[0]!r} .. {self.nodes[-1]!r})")
+        if not isinstance(self.inner, tuple):
+            object.__setattr__(self, "inner", tuple(self.inner))
+        if self.inner:
+            if self.policy != RECOMPUTE:
+                raise ScheduleError(
+                    f"region starting at {self.nodes[0]!r} is {self.policy!r} but has inner "
+                    "regions; only recompute regions nest")
+            if not all(isinstance(r, Region) for r in self.inner):
+                raise ScheduleError(
+                    f"inner regions of the region starting at {self.nodes[0]!r} must be "
+                    "Region objects")
+            got = tuple(n for r in self.inner for n in r.nodes)
+            if got != self.nodes:
+                raise ScheduleError(
+                    f"inner regions of the region {self.nodes[0]!r} .. {self.nodes[-1]!r} "
+                    f"must cover its {len(self.nodes)} nodes exactly, in order; they cover "
+                    f"{len(got)} ({_first_difference(self.nodes, got)})")
+            if _any_save(self):
+                raise ScheduleError(
+                    f"region {self.nodes[0]!r} .. {self.nodes[-1]!r} nests regions and has a "
+                    "save set in it: save sets (selective checkpointing) are not supported in "
+                    "nested regions; drop the save sets there, or solve without nesting")
 
     @property
     def recompute(self) -> bool:
         return self.policy == RECOMPUTE
+
+    @property
+    def depth(self) -> int:
+        """1 for a region without ``inner``, else 1 + the deepest inner region's depth."""
+        return 1 + max((r.depth for r in self.inner), default=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The region's JSON object (``inner`` only when it has inner regions)."""
+        d: dict[str, Any] = {"policy": self.policy, "nodes": list(self.nodes),
+                             "save": sorted(self.save)}
+        if self.inner:
+            d["inner"] = [r.to_dict() for r in self.inner]
+        return d
 
 
 @dataclass
@@ -139,6 +194,8 @@ class Schedule:
                 f"model's graph has {graph.fingerprint!r}: the model's structure or input shapes "
                 "differ; solve again for this model")
         expected = graph.compute_nodes
+        if not self.regions or not all(isinstance(r, Region) for r in self.regions):
+            raise ScheduleError("a schedule's regions must be a non-empty list of Region objects")
         got = [n for r in self.regions for n in r.nodes]
         if got != expected:
             _raise_coverage(expected, got)
@@ -156,22 +213,40 @@ class Schedule:
 
     @property
     def recompute_regions(self) -> list[Region]:
+        """The top-level recompute regions (a nested one counts once, its inner ones not)."""
         return [r for r in self.regions if r.recompute]
 
+    @property
+    def depth(self) -> int:
+        """How deep the regions nest: 1 for a flat schedule, 2 when some region holds inner
+        regions that do not nest further, and so on."""
+        return max((r.depth for r in self.regions), default=1)
+
+    @property
+    def nested(self) -> bool:
+        """Whether some region holds inner regions (``depth > 1``)."""
+        return self.depth > 1
+
     def describe(self) -> str:
-        """One line per region, e.g. ``recompute  blocks.0.fc1 .. blocks.1.add  (12 nodes, save 2)``."""
+        """One line per region, e.g. ``recompute  blocks.0.fc1 .. blocks.1.add  (12 nodes, save 2)``;
+        inner regions indented under theirs."""
         lines = []
-        for r in self.regions:
-            extra = f", save {len(r.save)}" if r.save else ""
-            lines.append(f"{r.policy:<9}  {r.nodes[0]} .. {r.nodes[-1]}  "
-                         f"({len(r.nodes)} nodes{extra})")
+
+        def add(regions: Sequence[Region], indent: str) -> None:
+            for r in regions:
+                extra = f", save {len(r.save)}" if r.save else ""
+                lines.append(f"{indent}{r.policy:<9}  {r.nodes[0]} .. {r.nodes[-1]}  "
+                             f"({len(r.nodes)} nodes{extra})")
+                add(r.inner, indent + "  ")
+
+        add(self.regions, "")
         return "\n".join(lines)
 
     # -- JSON -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
-            "version": VERSION,
+            "version": NESTED_VERSION if self.nested else VERSION,
             "fingerprint": self.fingerprint,
             "budget_bytes": self.budget_bytes,
             "solver": self.solver,
@@ -180,8 +255,7 @@ class Schedule:
             "solve_s": self.solve_s,
             "estimate": self.estimate,
             "meta": self.meta,
-            "regions": [{"policy": r.policy, "nodes": list(r.nodes), "save": sorted(r.save)}
-                        for r in self.regions],
+            "regions": [r.to_dict() for r in self.regions],
         }
 
     @classmethod
@@ -193,27 +267,20 @@ class Schedule:
         if d.get("schema") != SCHEMA:
             raise ScheduleError(f"schema: expected {SCHEMA!r}, got {d.get('schema')!r}")
         v = d.get("version")
-        if isinstance(v, int) and not isinstance(v, bool) and v > VERSION:
+        if isinstance(v, int) and not isinstance(v, bool) and v > NESTED_VERSION:
             raise ScheduleError(
-                f"version: the file has schedule version {v}, newer than the {VERSION} this "
-                "scheduler reads; upgrade scheduler (`pip install -U scheduler`)")
-        if v != VERSION or isinstance(v, bool):
+                f"version: the file has schedule version {v}, newer than the {NESTED_VERSION} "
+                "this scheduler reads; upgrade scheduler (`pip install -U scheduler`)")
+        if v not in (VERSION, NESTED_VERSION) or isinstance(v, bool):
             raise ScheduleError(
-                f"version: this scheduler reads schedule version {VERSION}, the file has "
-                f"{v!r}; solve again to write a current one")
+                f"version: this scheduler reads schedule version {VERSION} or "
+                f"{NESTED_VERSION}, the file has {v!r}; solve again to write a current one")
         _C.fields("", d, _FIELDS)
         regions_raw = d.get("regions")
         if not isinstance(regions_raw, list) or not regions_raw:
             raise ScheduleError("regions: missing or empty")
-        regions = []
-        for i, r in enumerate(regions_raw):
-            if not isinstance(r, dict) or not _names(r.get("nodes")) or not _names(
-                    r.get("save", [])):
-                raise ScheduleError(f"regions[{i}]: expected {{policy, nodes, save}} with "
-                                    f"nodes and save lists of node names, got {r!r:.200}")
-            _C.fields(f"regions[{i}]", r, {"policy", "nodes", "save"})
-            regions.append(Region(r.get("policy"), tuple(r["nodes"]),
-                                  frozenset(r.get("save", ()))))
+        regions = [_region_from_dict(f"regions[{i}]", r, nested=v == NESTED_VERSION)
+                   for i, r in enumerate(regions_raw)]
         fp = d.get("fingerprint", "")
         if not isinstance(fp, str):
             raise ScheduleError(f"fingerprint: expected a string, got {fp!r:.40}")
@@ -261,6 +328,66 @@ class Schedule:
 
 def _names(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+#: how deep inner regions may nest in a file (deeper ones are not schedules anyone solved)
+_MAX_FILE_DEPTH = 32
+
+
+def _region_from_dict(where: str, r: Any, *, nested: bool, depth: int = 1) -> Region:
+    """The `Region` of one JSON region object at ``where`` (e.g. ``regions[3].inner[1]``),
+    every field checked; ``inner`` only in a version-2 file."""
+    known = {"policy", "nodes", "save", "inner"} if nested else {"policy", "nodes", "save"}
+    if not isinstance(r, dict):
+        raise ScheduleError(f"{where}: expected {{policy, nodes, save}}, got {r!r:.200}")
+    _C.fields(where, r, known)
+    policy = r.get("policy")
+    if policy not in (KEEP, RECOMPUTE):
+        raise ScheduleError(f"{where}.policy: expected {KEEP!r} or {RECOMPUTE!r}, got "
+                            f"{policy!r:.40}")
+    nodes = r.get("nodes")
+    if not _names(nodes) or not nodes:
+        raise ScheduleError(f"{where}.nodes: expected a non-empty list of node names, got "
+                            f"{nodes!r:.200}")
+    save = r.get("save", [])
+    if not _names(save):
+        raise ScheduleError(f"{where}.save: expected a list of node names, got {save!r:.200}")
+    inner_raw = r.get("inner", [])
+    if not isinstance(inner_raw, list):
+        raise ScheduleError(f"{where}.inner: expected a list of region objects, got "
+                            f"{inner_raw!r:.200}")
+    if inner_raw and depth >= _MAX_FILE_DEPTH:
+        raise ScheduleError(f"{where}.inner: regions nest more than {_MAX_FILE_DEPTH} deep")
+    inner = tuple(_region_from_dict(f"{where}.inner[{j}]", x, nested=nested, depth=depth + 1)
+                  for j, x in enumerate(inner_raw))
+    if inner:
+        got = [n for x in inner for n in x.nodes]
+        if got != nodes:
+            i = next((i for i, (a, b) in enumerate(zip(got, nodes)) if a != b),
+                     min(len(got), len(nodes)))
+            j, k = 0, i
+            while j < len(inner) and k >= len(inner[j].nodes):
+                k -= len(inner[j].nodes)
+                j += 1
+            field_ = f"{where}.inner[{min(j, len(inner) - 1)}].nodes"
+            raise ScheduleError(
+                f"{field_}: the inner regions must cover {where}.nodes exactly, in order; at "
+                f"position {i} they have {got[i] if i < len(got) else None!r} and the region "
+                f"{nodes[i] if i < len(nodes) else None!r}")
+    try:
+        return Region(policy, tuple(nodes), frozenset(save), inner)
+    except ScheduleError as e:
+        raise ScheduleError(f"{where}: {e}") from e
+
+
+def _any_save(r: Region) -> bool:
+    return bool(r.save) or any(_any_save(x) for x in r.inner)
+
+
+def _first_difference(a: Sequence[str], b: Sequence[str]) -> str:
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return (f"at position {i} the region has {a[i] if i < len(a) else None!r} and the inner "
+            f"regions {b[i] if i < len(b) else None!r}")
 
 
 def _raise_coverage(expected: list[str], got: list[str]) -> None:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from scheduler import simulate
 from scheduler.ir.graph import CostGraph, CostGraphError
-from scheduler.ir.schedule import RECOMPUTE, Schedule, ScheduleError
+from scheduler.ir.schedule import KEEP, RECOMPUTE, Region, Schedule, ScheduleError
 from scheduler.testing.mutate import mutate
 from scheduler.testing.synthetic import random_graph
 
@@ -192,10 +192,90 @@ SCHEDULE_CASES: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
     "meta a list": (lambda d: d.update(meta=["x"]), r"meta: expected dict, got list"),
     "unknown field": (lambda d: d.update(budget_byte=5), r"unknown fields \['budget_byte'\]"),
     "unknown region field": (_region_field, r"regions\[0\]: unknown fields \['colour'\]"),
-    "newer version": (lambda d: d.update(version=2),
-                      (r"version: the file has schedule version 2, newer than the 1 this "
+    "newer version": (lambda d: d.update(version=3),
+                      (r"version: the file has schedule version 3, newer than the 2 this "
                       r"scheduler reads; upgrade scheduler \(`pip install -U scheduler`\)")),
+    "inner in a version-1 file": (lambda d: d["regions"][1].update(inner=[]),
+                                  r"regions\[1\]: unknown fields \['inner'\]"),
 }
+
+
+def nested_doc() -> dict[str, Any]:
+    """`schedule_doc` with its recompute region (nodes 3..5) nested: keep 3, recompute 4..5
+    holding recompute 4 and keep 5 (version 2)."""
+    g = small_graph()
+    names = g.compute_nodes
+    inner = (Region(KEEP, tuple(names[3:4])),
+             Region(RECOMPUTE, tuple(names[4:6]),
+                    inner=(Region(RECOMPUTE, (names[4],)), Region(KEEP, (names[5],)))))
+    s = Schedule([Region(KEEP, tuple(names[:3])), Region(RECOMPUTE, tuple(names[3:6]),
+                                                         inner=inner),
+                  Region(KEEP, tuple(names[6:]))], fingerprint=g.fingerprint)
+    s.validate(g)
+    return s.to_dict()
+
+
+def _inner(d: dict[str, Any], *path: int) -> dict[str, Any]:
+    r = d["regions"][1]
+    for i in path:
+        r = r["inner"][i]
+    return r
+
+
+NESTED_CASES: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
+    "inner not a list": (lambda d: _inner(d).update(inner={"policy": "keep"}),
+                         r"regions\[1\]\.inner: expected a list of region objects"),
+    "inner region not an object": (lambda d: _inner(d)["inner"].__setitem__(0, "keep"),
+                                   r"regions\[1\]\.inner\[0\]: expected \{policy"),
+    "inner policy bad": (lambda d: _inner(d, 1, 0).update(policy="skip"),
+                         r"regions\[1\]\.inner\[1\]\.inner\[0\]\.policy: expected 'keep' or "
+                         r"'recompute', got 'skip'"),
+    "inner nodes not names": (lambda d: _inner(d, 1).update(nodes=[1, 2]),
+                              r"regions\[1\]\.inner\[1\]\.nodes: expected a non-empty list"),
+    "inner nodes empty": (lambda d: _inner(d, 0).update(nodes=[]),
+                          r"regions\[1\]\.inner\[0\]\.nodes: expected a non-empty list"),
+    "inner nodes do not cover": (lambda d: _inner(d, 1, 1)["nodes"].append("zz"),
+                                 r"regions\[1\]\.inner\[1\]\.inner\[1\]\.nodes: the inner "
+                                 r"regions must cover regions\[1\]\.inner\[1\]\.nodes"),
+    "inner nodes out of order": (lambda d: _inner(d)["inner"].reverse(),
+                                 r"regions\[1\]\.inner\[0\]\.nodes: the inner regions must "
+                                 r"cover regions\[1\]\.nodes"),
+    "inner save not names": (lambda d: _inner(d, 1, 0).update(save=3),
+                             r"regions\[1\]\.inner\[1\]\.inner\[0\]\.save: expected a list"),
+    "inner save set": (lambda d: _inner(d, 1, 0).update(save=_inner(d, 1, 0)["nodes"]),
+                       r"regions\[1\]\.inner\[1\]: .*save sets .* are not supported in "
+                       r"nested regions"),
+    "unknown inner field": (lambda d: _inner(d, 1).update(colour="red"),
+                            r"regions\[1\]\.inner\[1\]: unknown fields \['colour'\]"),
+    "inner under keep": (lambda d: _inner(d, 0).update(inner=[dict(_inner(d, 0))]),
+                         r"regions\[1\]\.inner\[0\]: .*is 'keep' but has inner regions"),
+    "nested too deep": (lambda d: _inner(d, 1, 0).update(inner=_deep(_inner(d, 1, 0), 40)),
+                        r"inner: regions nest more than 32 deep"),
+}
+
+
+def _deep(r: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    inner: list[dict[str, Any]] = []
+    for _ in range(n):
+        inner = [dict(r, inner=inner)]
+    return inner
+
+
+@pytest.mark.parametrize("case", sorted(NESTED_CASES))
+def test_bad_nested_schedule_field(tmp_path: Path, case: str) -> None:
+    change, pattern = NESTED_CASES[case]
+    d = nested_doc()
+    assert d["version"] == 2
+    change(d)
+    msg = error_of(Schedule.load, ScheduleError, write(tmp_path / "s.json", d))
+    assert re.search(pattern, msg), msg
+
+
+def test_a_nested_file_loads_back_as_written(tmp_path: Path) -> None:
+    d = nested_doc()
+    s = Schedule.load(write(tmp_path / "s.json", d))
+    assert s.depth == 3 and s.to_dict() == d
+    s.validate(small_graph())
 
 
 @pytest.mark.parametrize("case", sorted(SCHEDULE_CASES))

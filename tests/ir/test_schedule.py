@@ -341,12 +341,12 @@ BROKEN = {
     "empty regions": r"regions: missing or empty",
     "regions not a list": r"regions: missing or empty",
     "region not an object": r"regions\[0\]: expected",
-    "region without nodes": r"regions\[0\]: expected",
-    "nodes not a list": r"regions\[0\]: expected",
+    "region without nodes": r"regions\[0\]\.nodes: expected a non-empty list of node names",
+    "nodes not a list": r"regions\[0\]\.nodes: expected a non-empty list of node names",
     "nodes hold a non-name": r"regions\[0\]",
     "save not a list": r"regions\[1\]",
-    "unknown policy": r"region policy 'swap' is not one of",
-    "no policy": r"region policy None is not one of",
+    "unknown policy": r"regions\[1\]\.policy: expected 'keep' or 'recompute', got 'swap'",
+    "no policy": r"regions\[1\]\.policy: expected 'keep' or 'recompute', got None",
     "save outside region": r"save-set node 'n0' is not in its region",
     "save on keep": r"'keep' but has a save set",
     "fingerprint not a string": r"fingerprint: expected a string, got 12345",
@@ -377,3 +377,102 @@ def test_loaded_edited_nodes_fail_validate(g: CostGraph, tmp_path: Path) -> None
     s = Schedule.load(tmp_path / "s.json")
     with pytest.raises(ScheduleError, match=r"regions skip node 'n7'"):
         s.validate(g)
+
+
+# -------------------------------------------------------------------------- nested regions
+
+
+def _nested(g: CostGraph) -> Schedule:
+    """keep n0..n1 | recompute n2..n9 [keep n2..n3 | recompute n4..n7 [recompute n4..n5 | keep
+    n6..n7] | recompute n8..n9] | keep n10..n11."""
+    c = g.compute_nodes
+    inner = (Region(KEEP, tuple(c[2:4])),
+             Region(RECOMPUTE, tuple(c[4:8]), inner=(Region(RECOMPUTE, tuple(c[4:6])),
+                                                     Region(KEEP, tuple(c[6:8])))),
+             Region(RECOMPUTE, tuple(c[8:10])))
+    s = Schedule([Region(KEEP, tuple(c[:2])), Region(RECOMPUTE, tuple(c[2:10]), inner=inner),
+                  Region(KEEP, tuple(c[10:]))], fingerprint=g.fingerprint)
+    s.validate(g)
+    return s
+
+
+def test_depth_counts_levels(g: CostGraph) -> None:
+    flat = Schedule.from_regions(g, [(0, 2, KEEP), (2, N, RECOMPUTE)])
+    assert flat.depth == 1 and not flat.nested
+    assert Schedule.none(g).depth == 1
+    s = _nested(g)
+    assert s.depth == 3 and s.nested
+    assert [r.depth for r in s.regions] == [1, 3, 1]
+    assert len(s.recompute_regions) == 1  # top-level ones
+
+
+def test_nested_json_is_version_2_and_round_trips(g: CostGraph, tmp_path: Path) -> None:
+    s = _nested(g)
+    s.save(tmp_path / "s.json")
+    d = json.loads((tmp_path / "s.json").read_text())
+    assert d["version"] == 2
+    assert d["regions"][1]["inner"][1] == {
+        "policy": RECOMPUTE, "nodes": ["n4", "n5", "n6", "n7"], "save": [],
+        "inner": [{"policy": RECOMPUTE, "nodes": ["n4", "n5"], "save": []},
+                  {"policy": KEEP, "nodes": ["n6", "n7"], "save": []}]}
+    assert "inner" not in d["regions"][0] and "inner" not in d["regions"][1]["inner"][0]
+    back = Schedule.load(tmp_path / "s.json")
+    assert back == s and back.depth == 3
+
+
+def test_flat_json_is_written_exactly_as_version_1(g: CostGraph) -> None:
+    # the bytes a version-1 writer produced for this schedule (no "inner" key anywhere)
+    s = Schedule.from_regions(g, [(0, 2, KEEP), (2, N, RECOMPUTE, ["n2"])], solver="dp")
+    regions = [{"policy": "keep", "nodes": ["n0", "n1"], "save": []},
+               {"policy": "recompute", "nodes": [f"n{i}" for i in range(2, N)],
+                "save": ["n2"]}]
+    expected = {"schema": SCHEMA, "version": 1, "fingerprint": g.fingerprint,
+                "budget_bytes": None, "solver": "dp", "status": "", "gap": None,
+                "solve_s": None, "estimate": None, "meta": {}, "regions": regions}
+    assert json.dumps(s.to_dict(), indent=1) == json.dumps(expected, indent=1)
+
+
+def test_inner_regions_must_cover_their_region_in_order(g: CostGraph) -> None:
+    c = g.compute_nodes
+    with pytest.raises(ScheduleError, match=r"must cover its 4 nodes exactly, in order; they "
+                                            r"cover 3 \(at position 3 the region has 'n5'"):
+        Region(RECOMPUTE, tuple(c[2:6]), inner=(Region(KEEP, tuple(c[2:5])),))
+    with pytest.raises(ScheduleError, match=r"at position 0 the region has 'n2' and the inner "
+                                            r"regions 'n4'"):
+        Region(RECOMPUTE, tuple(c[2:6]), inner=(Region(KEEP, tuple(c[4:6])),
+                                                 Region(KEEP, tuple(c[2:4]))))
+
+
+def test_only_recompute_regions_nest(g: CostGraph) -> None:
+    c = g.compute_nodes
+    with pytest.raises(ScheduleError, match=r"'keep' but has inner regions; only recompute"):
+        Region(KEEP, tuple(c[2:4]), inner=(Region(KEEP, tuple(c[2:4])),))
+
+
+@pytest.mark.parametrize("where", ["outer", "inner", "deeper"])
+def test_save_sets_in_nested_regions_are_refused(g: CostGraph, where: str) -> None:
+    c = g.compute_nodes
+
+    def save(name: str, here: str) -> frozenset[str]:
+        return frozenset({name}) if where == here else frozenset()
+
+    with pytest.raises(ScheduleError, match=r"region 'n[24]' \.\. 'n5' nests regions and has a "
+                                            r"save set in it: .*drop the save sets there, or "
+                                            r"solve without nesting"):
+        deeper = Region(RECOMPUTE, tuple(c[4:6]), save("n4", "deeper"))
+        inner = (Region(RECOMPUTE, tuple(c[2:4]), save("n2", "inner")),
+                 Region(RECOMPUTE, tuple(c[4:6]), inner=(deeper,)))
+        Region(RECOMPUTE, tuple(c[2:6]), save("n2", "outer"), inner)
+
+
+def test_describe_indents_inner_regions(g: CostGraph) -> None:
+    lines = _nested(g).describe().splitlines()
+    assert lines[1].startswith("recompute  n2 .. n9")
+    assert lines[2].startswith("  keep       n2 .. n3")
+    assert lines[4].startswith("    recompute  n4 .. n5")
+
+
+def test_inner_given_as_a_list_is_kept_as_a_tuple(g: CostGraph) -> None:
+    c = g.compute_nodes
+    r = Region(RECOMPUTE, tuple(c[2:4]), frozenset(), [Region(KEEP, tuple(c[2:4]))])
+    assert isinstance(r.inner, tuple) and hash(r) == hash(r)
