@@ -29,18 +29,20 @@ DP of O(S * max_span * options) per step.
 
 from __future__ import annotations
 
+import importlib.util
 import time
-from bisect import bisect_right
+
+import numpy as np
 
 from ..ir.graph import CostGraph
-from ..ir.schedule import KEEP, Schedule
+from ..ir.schedule import KEEP
 from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, graph_cache, register
 from .blocks import Blocks, find_blocks
-from .blocktable import BlockTable
+from .blocktable import BlockTable, build_schedule
 from .config import SolverConfig
 
-__all__ = ["MAX_SPAN", "block_dp", "blocks_of", "floor_bytes", "search", "space_of",
-           "table_of"]
+__all__ = ["MAX_SPAN", "block_dp", "blocks_of", "floor_bytes", "nested_block_dp",
+           "nested_simulated", "search", "space_of", "table_of"]
 
 #: the longest recompute region of the space, in blocks
 MAX_SPAN = 16
@@ -55,75 +57,100 @@ def blocks_of(graph: CostGraph) -> Blocks:
 
 
 def table_of(graph: CostGraph, *, max_span: int = MAX_SPAN,
-             save_top: int = SolverConfig.save_top) -> BlockTable:
+             save_top: int = SolverConfig.save_top, nested: bool = False) -> BlockTable:
     """The `BlockTable` of ``graph``'s stages, cached beside the graph."""
     cache = graph_cache(graph, "block tables")
-    if (max_span, save_top) not in cache:
-        cache[max_span, save_top] = BlockTable(graph, blocks_of(graph), max_span=max_span,
-                                               save_top=save_top)
-    return cache[max_span, save_top]
+    key = (max_span, save_top, nested)
+    if key not in cache:
+        cache[key] = BlockTable(graph, blocks_of(graph), max_span=max_span,
+                                save_top=save_top, nested=nested)
+    return cache[key]
 
 
-def space_of(graph: CostGraph, table: BlockTable, save_top: int) -> str:
+def nested_simulated() -> bool:
+    """Whether the simulator predicts nested schedules (its `nested` module is there)."""
+    return importlib.util.find_spec("scheduler.cost.nested") is not None
+
+
+def space_of(graph: CostGraph, table: BlockTable, save_top: int, nested: bool = False) -> str:
     """The text naming the space, for ``schedule.meta["space"]``."""
-    return (f"block chain ({blocks_of(graph).describe()}): regions at stage boundaries, "
+    text = (f"block chain ({blocks_of(graph).describe()}): regions at stage boundaries, "
             f"one stage kept, or up to {table.max_span} stages recomputed, saving in each "
             f"the same positions, at most its kind's {save_top} slowest")
+    if nested:
+        text += ("; or recomputed holding inner recompute regions of a fixed number of "
+                 "stages and, at its end, an inner keep region (two levels)")
+    return text
 
 
 def search(table: BlockTable, budget: int
            ) -> tuple[float, list[tuple], int, bool] | None:
-    """Least recompute time under ``budget``: (time, spans, composed peak, exact) or None."""
+    """Least recompute time under ``budget``: (time, steps (first stage, stages, option),
+    composed peak, exact) or None. The Pareto front of each (point, state) is a set of numpy
+    arrays (held, time, peak, exact, id); ``id`` links an item to its parent and last step."""
     last = len(table.stages)
-    front: dict[tuple[int, str | None], tuple[list[int], list[tuple]]] = {
-        (0, None): ([0], [(0, 0.0, 0, True, None)])}
-    best = None
+    parent, step = [-1], [(-1, -1, -1)]  # per item id
+    pending: dict[tuple[int, str | None], list[tuple]] = {}
+    best: tuple | None = None
     for a in range(last):
         for q in table.states[a]:
-            for held, t, peak, exact, spans in front.pop((a, q), ((), ()))[1]:
-                for m in range(1, table.max_span + 1):
-                    opts = table.options.get((a, m))
-                    if opts is None:
-                        break
-                    for o in range(len(opts)):
-                        e = table.entries[a, m, o, q]
-                        pk = max(peak, held + e.local)
-                        if pk > budget:
-                            continue
-                        nh, nt = held + e.held, t + e.time_s
-                        ns = (spans, (a, m, o))  # a linked list, read back at the end
-                        ex = exact and e.exact
-                        if a + m == last:
-                            pk = max(pk, nh + e.tail_local)
-                            if pk <= budget and (best is None or nt < best[0]):
-                                best = (nt, ns, pk, ex)
-                        else:
-                            _insert(front.setdefault((a + m, table.leaves(a, m, o)), ([], [])),
-                                    (nh, nt, pk, ex, ns))
+            if a == 0:
+                H, T, P = np.zeros(1, np.int64), np.zeros(1), np.zeros(1, np.int64)
+                X, ID = np.ones(1, bool), np.zeros(1, np.int64)
+            else:
+                chunks = pending.pop((a, q), None)
+                if not chunks:
+                    continue
+                H, T, P, X, ID = _pareto(chunks, parent, step)
+            for m in range(1, table.max_span + 1):
+                opts = table.options.get((a, m))
+                if opts is None:
+                    break
+                for o in range(len(opts)):
+                    e = table.entries[a, m, o, q]
+                    pk = np.maximum(P, H + e.local)
+                    ok = pk <= budget
+                    if not ok.any():
+                        continue
+                    nh, nt, npk = H[ok] + e.held, T[ok] + e.time_s, pk[ok]
+                    nx, nid = X[ok] & e.exact, ID[ok]
+                    if a + m == last:
+                        pk2 = np.maximum(npk, nh + e.tail_local)
+                        fit = np.flatnonzero(pk2 <= budget)
+                        if fit.size:
+                            i = fit[np.argmin(nt[fit])]
+                            if best is None or nt[i] < best[0]:
+                                best = (float(nt[i]), int(nid[i]), (a, m, o), int(pk2[i]),
+                                        bool(nx[i]))
+                    else:
+                        pending.setdefault((a + m, table.leaves(a, m, o)), []).append(
+                            (nh, nt, npk, nx, nid, (a, m, o)))
     if best is None:
         return None
-    steps, link = [], best[1]
-    while link is not None:
-        link, step = link
-        steps.append(step)
-    return best[0], steps[::-1], best[2], best[3]
+    steps, node = [best[2]], best[1]
+    while node > 0:
+        steps.append(step[node])
+        node = parent[node]
+    return best[0], steps[::-1], best[3], best[4]
 
 
-def _insert(front: tuple[list[int], list[tuple]], item: tuple) -> None:
-    """Add ``item`` to a Pareto front on (held, time), dropping what it dominates. The front
-    is sorted by held bytes (``front[0]``, its keys), so times fall along it."""
-    keys, items = front
-    h, t = item[0], item[1]
-    i = bisect_right(keys, h)
-    if i and items[i - 1][1] <= t:
-        return  # something holding no more is no slower
-    j = i
-    while j < len(items) and items[j][1] >= t:
-        j += 1
-    while i > 0 and keys[i - 1] == h:  # (equal held, slower: dominated)
-        i -= 1
-    keys[i:j] = [h]
-    items[i:j] = [item]
+def _pareto(chunks: list[tuple], parent: list[int], step: list[tuple]) -> tuple:
+    """The Pareto front on (held, time) of the candidates reaching one (point, state), as
+    arrays; each survivor gets an id (its parent and step appended)."""
+    H = np.concatenate([c[0] for c in chunks])
+    T = np.concatenate([c[1] for c in chunks])
+    P = np.concatenate([c[2] for c in chunks])
+    X = np.concatenate([c[3] for c in chunks])
+    par = np.concatenate([c[4] for c in chunks])
+    which = np.concatenate([np.full(len(c[0]), k) for k, c in enumerate(chunks)])
+    order = np.lexsort((T, H))
+    t = T[order]
+    before = np.minimum.accumulate(np.concatenate(([np.inf], t[:-1])))
+    keep = order[t < before]  # faster than everything holding no more
+    first = len(parent)
+    parent.extend(par[keep].tolist())
+    step.extend(chunks[k][5] for k in which[keep].tolist())
+    return H[keep], T[keep], P[keep], X[keep], np.arange(first, first + len(keep))
 
 
 def _fits(table: BlockTable, budget: int) -> bool:
@@ -171,15 +198,37 @@ def floor_bytes(table: BlockTable) -> int:
 
 
 def _merged(table: BlockTable, steps: list[tuple[int, int, int]]) -> list[tuple]:
-    """Schedule spans of the DP's regions, adjacent keep regions as one."""
+    """`build_schedule` items of the DP's regions, adjacent keep regions as one."""
     out: list[list] = []
     for a, m, o in steps:
-        start, stop, p, save = table.spans(a, m, o)
-        if out and p == KEEP and out[-1][2] == KEEP:
-            out[-1][1] = stop
+        item = table.spans(a, m, o)
+        if out and item[2] == KEEP and out[-1][2] == KEEP:
+            out[-1][1] = item[1]
         else:
-            out.append([start, stop, p, save])
+            out.append(list(item))
     return [tuple(x) for x in out]
+
+
+def _solve(graph: CostGraph, budget_bytes: int, *, solver: str, nested: bool,
+           max_span: int, config: SolverConfig | None) -> SolveResult:
+    started = time.perf_counter()
+    save_top = (config or SolverConfig()).save_top
+    table = table_of(graph, max_span=max_span, save_top=save_top, nested=nested)
+    found = search(table, budget_bytes)
+    if found is None:
+        return finish(graph, budget_bytes, None, solver=solver, started=started,
+                      status=INFEASIBLE, min_feasible_bytes=floor_bytes(table))
+    t, steps, composed, exact = found
+    schedule = build_schedule(graph, _merged(table, steps),
+                              meta={"space": space_of(graph, table, save_top, nested),
+                                    "composed_peak_bytes": composed})
+    result = finish(graph, budget_bytes, schedule, solver=solver, started=started)
+    est = result.estimate
+    if exact and est is not None and est.peak_bytes == composed and \
+            abs(est.recompute_s - t) <= 1e-9 * max(t, 1e-12):
+        result = finish(graph, budget_bytes, schedule, solver=solver, started=started,
+                        status=OPTIMAL, lower_bound_s=t)
+    return result
 
 
 @register("blocks")
@@ -187,19 +236,23 @@ def block_dp(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None 
              max_span: int = MAX_SPAN, config: SolverConfig | None = None) -> SolveResult:
     """Exact DP over the chain of blocks (see the module docstring). Polynomial; the time
     limit is not used (the table's size does not depend on the depth)."""
-    started = time.perf_counter()
-    save_top = (config or SolverConfig()).save_top
-    table = table_of(graph, max_span=max_span, save_top=save_top)
-    found = search(table, budget_bytes)
-    if found is None:
-        return finish(graph, budget_bytes, None, solver="blocks", started=started,
-                      status=INFEASIBLE, min_feasible_bytes=floor_bytes(table))
-    t, steps, composed, exact = found
-    schedule = Schedule.from_regions(graph, _merged(table, steps),
-                                     meta={"space": space_of(graph, table, save_top),
-                                           "composed_peak_bytes": composed})
-    result = finish(graph, budget_bytes, schedule, solver="blocks", started=started)
-    if exact and result.estimate is not None and result.estimate.peak_bytes == composed:
-        result = finish(graph, budget_bytes, schedule, solver="blocks", started=started,
-                        status=OPTIMAL, lower_bound_s=t)
-    return result
+    return _solve(graph, budget_bytes, solver="blocks", nested=False, max_span=max_span,
+                  config=config)
+
+
+@register("blocks_nested")
+def nested_block_dp(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None,
+                    max_span: int = MAX_SPAN, config: SolverConfig | None = None
+                    ) -> SolveResult:
+    """`block_dp` over a space that adds two-level nested regions (see the module
+    docstring).
+
+    Raises:
+        RuntimeError: the simulator in this installation predicts no nested schedules.
+    """
+    if not nested_simulated():
+        raise RuntimeError("blocks_nested needs the simulator's nested replays "
+                           "(scheduler.cost.nested), which this installation lacks; use "
+                           "solver 'blocks' (one level)")
+    return _solve(graph, budget_bytes, solver="blocks_nested", nested=True,
+                  max_span=max_span, config=config)

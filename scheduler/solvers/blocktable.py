@@ -35,11 +35,35 @@ from statistics import median
 
 from ..cost.simulate import gradient_steps, region_costs, storage_readers
 from ..ir.graph import CostGraph
-from ..ir.schedule import KEEP, RECOMPUTE, Schedule
+from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule
 from .blocks import Blocks
 from .dp import ENTRY_STATES, POLICIES
 
-__all__ = ["BlockTable", "Entry"]
+__all__ = ["BlockTable", "Entry", "INNER_SPANS", "build_schedule"]
+
+#: with ``nested``: the sizes (in stages) of the inner recompute regions a recompute region of
+#: more stages may hold (the rest of it, at its end, an inner keep region)
+INNER_SPANS = (1, 2, 3, 4, 6, 8)
+
+#: an option: (policy, save set, inner regions as (first stage, stop stage, policy) relative
+#: to the region's first stage; () for a flat region)
+Option = tuple[str, frozenset[str], tuple[tuple[int, int, str], ...]]
+
+
+def build_schedule(graph: CostGraph, items: list[tuple], **info: object) -> Schedule:
+    """A schedule from ``(start, stop, policy[, save[, inner]])`` items over
+    ``graph.compute_nodes``, ``inner`` as ``(start, stop, policy)`` spans; validated."""
+    names = graph.compute_nodes
+    regions = []
+    for start, stop, p, *rest in items:
+        save = rest[0] if rest else ()
+        inner = tuple(Region(q, tuple(names[x:y])) for x, y, q in
+                      (rest[1] if len(rest) > 1 else ()))
+        regions.append(Region(p, tuple(names[start:stop]), frozenset(save), inner=inner))
+    schedule = Schedule(regions, fingerprint=graph.fingerprint, **info)  # type: ignore[arg-type]
+    schedule.validate(graph)
+    return schedule
+
 
 CACHED = ENTRY_STATES[2]
 
@@ -85,7 +109,8 @@ class BlockTable:
     their costs after state ``q`` (None for the first stage). ``simulations`` counts the
     simulations it ran. It keeps no reference to the graph."""
 
-    def __init__(self, graph: CostGraph, blocks: Blocks, *, max_span: int, save_top: int):
+    def __init__(self, graph: CostGraph, blocks: Blocks, *, max_span: int, save_top: int,
+                 nested: bool = False):
         names = graph.compute_nodes
         self.stages = blocks.stages
         self.points = blocks.points
@@ -96,14 +121,19 @@ class BlockTable:
         tops = _save_positions(graph, blocks, save_top)
         self.levels = [len(tops[k]) for k in kinds]
         self.crossing = _crossing_producers(graph, self.points)
-        self.options: dict[tuple[int, int], list[tuple[str, frozenset[str]]]] = {}
+        self.options: dict[tuple[int, int], list[Option]] = {}
         for a in range(S):
             for m in range(1, min(max_span, S - a) + 1):
-                recs = [(RECOMPUTE, self._save(names, tops, a, a + m, k))
-                        for k in range(max(self.levels[a:a + m]) + 1)]
-                self.options[a, m] = ([(KEEP, frozenset())] if m == 1 else []) + recs
+                if len(set(kinds[a:a + m])) > 1:
+                    break  # (runs of mixed kinds: many more measurements, little gained)
+                recs: list[Option] = [(RECOMPUTE, self._save(names, tops, a, a + m, k), ())
+                                      for k in range(max(self.levels[a:a + m]) + 1)]
+                if nested:
+                    recs += [(RECOMPUTE, frozenset(), _inner(m, r)) for r in INNER_SPANS
+                             if r < m]
+                self.options[a, m] = ([(KEEP, frozenset(), ())] if m == 1 else []) + recs
         self.states = {a: (None,) if a == 0 else POLICIES + (
-            (CACHED,) if self.crossing[a] in self.options[a - 1, 1][-1][1] else ())
+            (CACHED,) if any(self.crossing[a] in o[1] for o in self.options[a - 1, 1]) else ())
             for a in range(S)}
         one, full = self._times(graph, tops)
         g = _gradients_before(graph, self.points)
@@ -117,17 +147,25 @@ class BlockTable:
             m = len(run)
             lo = min(starts, key=lambda a: (g[a + m], a))
             hi = max(starts, key=lambda a: (g[a + m], a))
-            measured = {a: self._measure(graph, a, m, o, q)
-                        for a in {lo, hi} | {a for a in starts if a + m == S}}
-            (l1, h1, _, e1), (l2, h2, _, e2) = measured[lo], measured[hi]
+            measured = self._measure_pair(graph, hi, lo, m, o, q)
+            for a in {lo, hi} | {a for a in starts if a + m == S}:
+                if a not in measured:
+                    measured[a] = self._measure(graph, a, m, o, q)
+            (l1, h1, _, e1, _), (l2, h2, _, e2, _) = measured[lo], measured[hi]
             line = _Line.through(g[lo + m], l1, g[hi + m], l2)
             exact = e1 and e2 and line.ok and h1 == h2
             keep = self.options[starts[0], m][o][0] == KEEP
-            k = o - 1 if m == 1 else o  # the save level
+            nest = bool(self.options[starts[0], m][o][2])
+            k = 0 if nest else o - 1 if m == 1 else o  # the save level
             for a in starts:
-                t = 0.0 if keep else sum(full[k][a:a + m - 1]) + one[k][a + m - 1]
+                # a nested region's time: measured at ``lo``, shifted by the flat region's
+                # difference (exact where the stages' times are equal; `blockdp` checks)
+                t = 0.0 if keep else _flat(one, full, k, a, m)
+                if nest:
+                    t = measured[lo][4] + t - _flat(one, full, k, lo, m)
                 if a in measured:
-                    local, held, tail, ex = measured[a]
+                    local, held, tail, ex, t_meas = measured[a]
+                    t = t_meas if nest else t
                     self.entries[a, m, o, q] = Entry(local, held, t, tail, ex and exact)
                 else:
                     self.entries[a, m, o, q] = Entry(line.at(g[a + m]), max(h1, h2), t, 0,
@@ -135,14 +173,17 @@ class BlockTable:
 
     def leaves(self, a: int, m: int, o: int) -> str:
         """The state a region over stages ``a .. a+m-1`` with option ``o`` leaves."""
-        p, save = self.options[a, m][o]
+        p, save, _ = self.options[a, m][o]
         if p == RECOMPUTE and self.crossing[a + m] in save:
             return CACHED
         return p
 
-    def spans(self, a: int, m: int, o: int) -> tuple[int, int, str, frozenset[str]]:
-        p, save = self.options[a, m][o]
-        return self.points[a], self.points[a + m], p, save
+    def spans(self, a: int, m: int, o: int) -> tuple:
+        """The region as a `build_schedule` item: (start, stop, policy, save, inner)."""
+        p, save, inner = self.options[a, m][o]
+        pts = self.points
+        return (pts[a], pts[a + m], p, save,
+                tuple((pts[a + x], pts[a + y], q) for x, y, q in inner))
 
     def _save(self, names: list[str], tops: dict[int, list[int]], a: int, b: int, k: int
               ) -> frozenset[str]:
@@ -153,26 +194,57 @@ class BlockTable:
 
     def _run(self, graph: CostGraph, spans: list[tuple]) -> list:
         self.simulations += 1
-        return region_costs(graph, Schedule.from_regions(graph, spans), timeline=False)[1]
+        return region_costs(graph, build_schedule(graph, spans), timeline=False)[1]
 
     def _measure(self, graph: CostGraph, a: int, m: int, o: int, q: str | None
-                 ) -> tuple[int, int, int, bool]:
-        """(local, held, tail local, separable) of the region, measured with the simulator:
+                 ) -> tuple[int, int, int, bool, float]:
+        """(local, held, tail local, separable, time) of the region, measured with the simulator:
         before it one region leaving ``q``, after it everything kept (as `dp` does)."""
         n = len(graph.compute_nodes)
-        start, stop, p, save = self.spans(a, m, o)
+        item = self.spans(a, m, o)
+        start, stop = item[0], item[1]
         spans: list[tuple] = []
         if start > 0:
             spans.append((0, start, RECOMPUTE, {self.crossing[a]}) if q == CACHED
                          else (0, start, q))
-        spans.append((start, stop, p, save))
+        spans.append(item)
         if stop < n:
             spans.append((stop, n, KEEP))
         costs = self._run(graph, spans)
         j = 1 if start > 0 else 0
         c = costs[j]
         return (c.local_peak_bytes, c.held_bytes, costs[-1].local_peak_bytes,
-                c.separable and all(x.separable for x in costs[:j]))
+                c.separable and all(x.separable for x in costs[:j]), c.recompute_s)
+
+    def _measure_pair(self, graph: CostGraph, hi: int, lo: int, m: int, o: int,
+                      q: str | None) -> dict[int, tuple[int, int, int, bool, float]]:
+        """`_measure` of the region at ``hi`` and at ``lo`` in one simulation, when a stage
+        at least lies between them (a region leaving ``q`` fills the gap; what follows a
+        region is kept, or recomputed from its output on, which holds that output as long);
+        else nothing."""
+        if hi + m >= lo or q is None:
+            return {}
+        n = len(graph.compute_nodes)
+        pts = self.points
+
+        def before(x: int, y: int) -> tuple:
+            return (x, y, RECOMPUTE, {self.crossing[lo]}) if q == CACHED and y == pts[lo] \
+                else (x, y, RECOMPUTE, {self.crossing[hi]}) if q == CACHED else (x, y, q)
+
+        spans = ([before(0, pts[hi])] if hi > 0 else []) + [self.spans(hi, m, o)]
+        j_hi = len(spans) - 1
+        spans += [before(pts[hi + m], pts[lo]), self.spans(lo, m, o)]
+        j_lo = len(spans) - 1
+        if pts[lo + m] < n:
+            spans.append((pts[lo + m], n, KEEP))
+        costs = self._run(graph, spans)
+
+        def read(j: int) -> tuple[int, int, int, bool, float]:
+            c = costs[j]
+            return (c.local_peak_bytes, c.held_bytes, costs[-1].local_peak_bytes,
+                    c.separable and all(x.separable for x in costs[:j]), c.recompute_s)
+
+        return {hi: read(j_hi), lo: read(j_lo)}
 
     def _times(self, graph: CostGraph, tops: dict[int, list[int]]
                ) -> tuple[list[list[float]], list[list[float]]]:
@@ -257,3 +329,15 @@ def _gradients_before(graph: CostGraph, points: list[int]) -> list[int]:
             if p < b and j not in first:
                 first[j] = i
     return [net[first.get(j, len(steps))] for j in range(len(points))]
+
+
+def _flat(one: list[list[float]], full: list[list[float]], k: int, a: int, m: int) -> float:
+    """The recompute time of a flat region over stages ``a .. a+m-1`` at save level k."""
+    return sum(full[k][a:a + m - 1]) + one[k][a + m - 1]
+
+
+def _inner(m: int, r: int) -> tuple[tuple[int, int, str], ...]:
+    """Inner regions of a region of ``m`` stages: recompute regions of ``r`` stages, then the
+    rest (``r`` stages or fewer, at least one) kept."""
+    spans = [(x, min(x + r, m)) for x in range(0, m, r)]
+    return tuple((x, y, RECOMPUTE if y < m else KEEP) for x, y in spans)

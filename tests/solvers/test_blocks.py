@@ -14,10 +14,11 @@ from torch import nn
 import scheduler
 from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import CostGraph
-from scheduler.ir.schedule import KEEP, Schedule
+from scheduler.ir.schedule import KEEP
 from scheduler.solvers import INFEASIBLE, SolverConfig, get_solver
 from scheduler.solvers.blockdp import floor_bytes, table_of
 from scheduler.solvers.blocks import BLOCK, PREFIX, SUFFIX, find_blocks
+from scheduler.solvers.blocktable import build_schedule
 
 ONE = SolverConfig(save_top=1)
 
@@ -131,11 +132,11 @@ def _space(table) -> Iterator[list[tuple]]:
 
     for spans in rec(0, ()):
         out: list[list] = []
-        for start, stop, p, save in spans:
-            if out and p == KEEP and out[-1][2] == KEEP:
-                out[-1][1] = stop
+        for item in spans:
+            if out and item[2] == KEEP and out[-1][2] == KEEP:
+                out[-1][1] = item[1]
             else:
-                out.append([start, stop, p, save])
+                out.append(list(item))
         yield [tuple(x) for x in out]
 
 
@@ -143,7 +144,7 @@ def _check_against_brute_force(graph: CostGraph, max_span: int) -> None:
     table = table_of(graph, max_span=max_span, save_top=1)
     seen = {}
     for spans in _space(table):
-        est = simulate(graph, Schedule.from_regions(graph, spans), timeline=False)
+        est = simulate(graph, build_schedule(graph, spans), timeline=False)
         seen[tuple(spans)] = (est.peak_bytes, est.recompute_s)
     assert len(seen) > 50
     peaks = sorted({p for p, _ in seen.values()})
