@@ -49,16 +49,20 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
     # limit covers them; the list keeps dp first, so that dp wins a tie with a baseline
     baselines = [get_solver(name)(graph, budget_bytes, time_limit_s=time_limit_s)
                  for name in BASELINES]
+    # exact over the chain of blocks where blocks repeat (seconds on thousands of nodes); the
+    # others get what it leaves of the limit
+    blocked = [get_solver("blocks")(graph, budget_bytes, config=config)] \
+        if blocks_of(graph).repeats else []
     relaxed = get_solver("relax")(
-        graph, budget_bytes, config=config,
-        time_limit_s=None if time_limit_s is None else config.relax_share * time_limit_s)
+        graph, budget_bytes, config=config, time_limit_s=None if time_limit_s is None
+        else min(config.relax_share * time_limit_s, max(config.min_solve_s, left())))
     if relaxed.status == OPTIMAL:
         return replace(certify(graph, relaxed, config=config),
                        solve_s=time.perf_counter() - started)
-    results = [get_solver("dp")(graph, budget_bytes, time_limit_s=time_limit_s, config=config),
-               relaxed]
-    if blocks_of(graph).repeats:  # exact over the chain of blocks, in about a second
-        results.insert(0, get_solver("blocks")(graph, budget_bytes, config=config))
+    results = blocked + [get_solver("dp")(
+        graph, budget_bytes, config=config,
+        time_limit_s=None if time_limit_s is None else max(config.min_solve_s, left())),
+        relaxed]
     reserve = 0.0 if time_limit_s is None else config.fine_share * time_limit_s
     fitting = [r for r in results + baselines if r.status != INFEASIBLE]
     if time_limit_s is None or left() >= config.min_solve_s or not fitting:

@@ -16,7 +16,7 @@ from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import CostGraph
 from scheduler.ir.schedule import KEEP
 from scheduler.solvers import INFEASIBLE, SolverConfig, get_solver
-from scheduler.solvers.blockdp import floor_bytes, table_of
+from scheduler.solvers.blockdp import floor_bytes, nested_simulated, table_of
 from scheduler.solvers.blocks import BLOCK, PREFIX, SUFFIX, find_blocks
 from scheduler.solvers.blocktable import build_schedule
 
@@ -194,3 +194,36 @@ def test_schedule_names_its_space(recorded_graph) -> None:
     r = get_solver("blocks")(g, budget_bytes(g, 0.7))
     assert "block chain" in r.schedule.meta["space"]
     assert r.schedule.meta["composed_peak_bytes"] == r.estimate.peak_bytes
+
+
+# -- nested (two levels) -------------------------------------------------------------------
+
+needs_nested = pytest.mark.skipif(not nested_simulated(),
+                                  reason="the simulator's nested replays are not merged yet")
+
+
+@needs_nested
+def test_nested_equals_brute_force_on_a_chain_of_blocks() -> None:
+    g = _stack([32] * 5)
+    table = table_of(g, max_span=5, save_top=0, nested=True)
+    seen = {}
+    for spans in _space(table):
+        est = simulate(g, build_schedule(g, spans), timeline=False)
+        seen[tuple(spans)] = (est.peak_bytes, est.recompute_s)
+    peaks = sorted({p for p, _ in seen.values()})
+    assert floor_bytes(table) == peaks[0]
+    for budget in peaks[:: max(1, len(peaks) // 12)] + [peaks[-1]]:
+        best = min(t for p, t in seen.values() if p <= budget)
+        r = get_solver("blocks_nested")(g, budget, config=SolverConfig(save_top=0),
+                                        max_span=5)
+        assert r.fits and r.space_optimal, budget
+        assert r.estimate.recompute_s == pytest.approx(best, rel=1e-9, abs=1e-15), budget
+
+
+@needs_nested
+def test_nested_floor_is_below_the_one_level_floor() -> None:
+    g = _gpt(8)
+    flat, nested = floor_bytes(table_of(g)), floor_bytes(table_of(g, nested=True))
+    assert nested < flat
+    r = get_solver("blocks_nested")(g, nested)
+    assert r.fits and r.schedule.depth == 2
