@@ -28,20 +28,22 @@ plus, for a region with a save set, the selective-checkpoint policy's dispatch c
 (`Node.sac_s`) of its nodes in forward and of its replayed nodes in the replay, plus, for
 every recompute region, the checkpoint's own cost (`CostGraph.checkpoint_call_s` for the call
 and `CostGraph.checkpoint_saved_s` for each tensor its nodes save for backward).
+A region with inner regions (nested checkpoints) runs forward as a flat one and is replayed
+level by level (`nested`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
 from ..ir.graph import CostGraph
 from ..ir.schedule import RECOMPUTE, Region, Schedule
 from . import static as _static_mod
-from .estimate import Estimate
+from .estimate import Estimate, RegionCost
 from .memory import LiveBytes
+from .nested import InnerReplay, inner_checkpoints, replay_nested
 from .static import Static
 
 __all__ = ["Estimate", "RegionCost", "ReplayProbe", "Simulator", "gradient_steps", "region_costs",
@@ -221,10 +223,12 @@ class Simulator:
         fwd_peak = mem.peak
 
         # -- backward: replays, then each step's gradients and releases (batched by phase) -----
-        bursts: dict[int, list[int]] = defaultdict(list)
+        bursts: dict[int, list[Any]] = defaultdict(list)
         for ri, info in rinfo.items():
             if info["burst"] is not None:
-                bursts[info["burst"]].append(ri)
+                r = regions[ri]
+                bursts[info["burst"]].append(
+                    (ri, InnerReplay(r, info["burst"], [])) if r.inner else ri)
         region_s = [0.0] * R
         sac_s = static.sac_s
         call_s, per_saved_s = g.checkpoint_call_s, g.checkpoint_saved_s
@@ -232,17 +236,26 @@ class Simulator:
         for ri, r in enumerate(regions):
             if r.recompute and r.save:  # the policy's dispatch mode sees every forward op
                 region_s[ri] += sum(sac_s.get(n, 0.0) for n in r.nodes)
-            if r.recompute and (call_s or per_saved_s):  # the checkpoint and its hooks
-                region_s[ri] += call_s + per_saved_s * sum(n_saved.get(n, 0) for n in r.nodes)
+            if r.recompute and (call_s or per_saved_s):  # the checkpoints (nested ones too)
+                region_s[ri] += (call_s * (1 + inner_checkpoints(r))
+                                 + per_saved_s * sum(n_saved.get(n, 0) for n in r.nodes))
         grads = static.bwd_events
         events: list[tuple[int, int | None]] = []  # of the steps since the last set_phase
         for i, (node, _, _) in enumerate(static.bwd):
             if i in bursts:
                 add_many(events)
                 events = []
-                for ri in bursts[i]:
+                for ri in bursts[i]:  # (nested replays append their inner ones: `nested`)
+                    if isinstance(ri, int):
+                        r, (t, high, net, frees) = regions[ri], self._replayed(
+                            regions[ri], rinfo[ri], hold_until, i)
+                    else:
+                        ri, job = ri
+                        r, (t, high, net, frees, later) = job.region, replay_nested(
+                            g, static, job.region, i, job.inputs)
+                        for inner in later:
+                            bursts[inner.step].append((ri, inner))
                     set_phase(ri)
-                    t, high, net, frees = self._replayed(regions[ri], rinfo[ri], hold_until, i)
                     region_s[ri] += t
                     # its bytes belong to region ri, the phase: no earlier owner changes, so
                     # the high point and the end stand for all its events (see `LiveBytes`)
@@ -250,7 +263,7 @@ class Simulator:
                     for h, b in frees:
                         release[h].append((-b, ri))
                     if keep_timeline:
-                        timeline.append((f"recompute {regions[ri].nodes[0]}", mem.cur))
+                        timeline.append((f"recompute {r.nodes[0]}", mem.cur))
             phase = phase_of.get(node, R)
             if phase != mem.phase:
                 add_many(events)
@@ -372,21 +385,3 @@ class Simulator:
         deltas.append(-(at_end + sum(frees.values())))
         return t, max(accumulate(deltas)), sum(deltas), tuple(release)
 
-
-@dataclass(frozen=True)
-
-
-class RegionCost:
-    """One region's share of a step, for solvers that compose regions (see `region_costs`).
-
-    ``local_peak_bytes``: the most bytes alive during the region's forward, replay and
-    backward, not counting what earlier regions hold (base bytes included).
-    ``held_bytes``: bytes it holds while later regions run. ``separable``: that amount was
-    the same at every moment of the later regions (true on chains), so that
-    ``peak = max_j (sum(held of earlier regions) + local_peak_j)`` holds exactly.
-    """
-
-    local_peak_bytes: int
-    held_bytes: int
-    recompute_s: float
-    separable: bool

@@ -29,6 +29,7 @@ import json
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,11 +121,8 @@ class Region:
 
     def to_dict(self) -> dict[str, Any]:
         """The region's JSON object (``inner`` only when it has inner regions)."""
-        d: dict[str, Any] = {"policy": self.policy, "nodes": list(self.nodes),
-                             "save": sorted(self.save)}
-        if self.inner:
-            d["inner"] = [r.to_dict() for r in self.inner]
-        return d
+        d = {"policy": self.policy, "nodes": list(self.nodes), "save": sorted(self.save)}
+        return {**d, "inner": [r.to_dict() for r in self.inner]} if self.inner else d
 
 
 @dataclass
@@ -230,17 +228,14 @@ class Schedule:
     def describe(self) -> str:
         """One line per region, e.g. ``recompute  blocks.0.fc1 .. blocks.1.add  (12 nodes, save 2)``;
         inner regions indented under theirs."""
-        lines = []
-
-        def add(regions: Sequence[Region], indent: str) -> None:
+        def lines(regions: Sequence[Region], indent: str) -> Iterable[str]:
             for r in regions:
                 extra = f", save {len(r.save)}" if r.save else ""
-                lines.append(f"{indent}{r.policy:<9}  {r.nodes[0]} .. {r.nodes[-1]}  "
-                             f"({len(r.nodes)} nodes{extra})")
-                add(r.inner, indent + "  ")
+                yield (f"{indent}{r.policy:<9}  {r.nodes[0]} .. {r.nodes[-1]}  "
+                       f"({len(r.nodes)} nodes{extra})")
+                yield from lines(r.inner, indent + "  ")
 
-        add(self.regions, "")
-        return "\n".join(lines)
+        return "\n".join(lines(self.regions, ""))
 
     # -- JSON -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -360,20 +355,16 @@ def _region_from_dict(where: str, r: Any, *, nested: bool, depth: int = 1) -> Re
         raise ScheduleError(f"{where}.inner: regions nest more than {_MAX_FILE_DEPTH} deep")
     inner = tuple(_region_from_dict(f"{where}.inner[{j}]", x, nested=nested, depth=depth + 1)
                   for j, x in enumerate(inner_raw))
-    if inner:
-        got = [n for x in inner for n in x.nodes]
-        if got != nodes:
-            i = next((i for i, (a, b) in enumerate(zip(got, nodes)) if a != b),
-                     min(len(got), len(nodes)))
-            j, k = 0, i
-            while j < len(inner) and k >= len(inner[j].nodes):
-                k -= len(inner[j].nodes)
-                j += 1
-            field_ = f"{where}.inner[{min(j, len(inner) - 1)}].nodes"
-            raise ScheduleError(
-                f"{field_}: the inner regions must cover {where}.nodes exactly, in order; at "
-                f"position {i} they have {got[i] if i < len(got) else None!r} and the region "
-                f"{nodes[i] if i < len(nodes) else None!r}")
+    got = [n for x in inner for n in x.nodes]
+    if inner and got != nodes:
+        i = next((i for i, (a, b) in enumerate(zip(got, nodes)) if a != b),
+                 min(len(got), len(nodes)))
+        j = next((j for j, x in enumerate(accumulate(len(x.nodes) for x in inner)) if x > i),
+                 len(inner) - 1)
+        raise ScheduleError(
+            f"{where}.inner[{j}].nodes: the inner regions must cover {where}.nodes exactly, in "
+            f"order; at position {i} they have {got[i] if i < len(got) else None!r} and the "
+            f"region {nodes[i] if i < len(nodes) else None!r}")
     try:
         return Region(policy, tuple(nodes), frozenset(save), inner)
     except ScheduleError as e:
@@ -386,8 +377,8 @@ def _any_save(r: Region) -> bool:
 
 def _first_difference(a: Sequence[str], b: Sequence[str]) -> str:
     i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return (f"at position {i} the region has {a[i] if i < len(a) else None!r} and the inner "
-            f"regions {b[i] if i < len(b) else None!r}")
+    x, y = (v[i] if i < len(v) else None for v in (a, b))
+    return f"at position {i} the region has {x!r} and the inner regions {y!r}"
 
 
 def _raise_coverage(expected: list[str], got: list[str]) -> None:
