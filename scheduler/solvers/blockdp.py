@@ -41,29 +41,34 @@ from .blocks import Blocks, find_blocks
 from .blocktable import BlockTable, build_schedule
 from .config import SolverConfig
 
-__all__ = ["MAX_SPAN", "block_dp", "blocks_of", "floor_bytes", "nested_block_dp",
+__all__ = ["FINE_NODES", "MAX_SPAN", "block_dp", "blocks_of", "floor_bytes", "nested_block_dp",
            "nested_simulated", "search", "space_of", "table_of"]
 
-#: the longest recompute region of the space, in blocks
+#: the longest recompute region of the space, in stages
 MAX_SPAN = 16
+#: up to this many compute nodes, stages are the pieces of blocks between chain cuts (finer,
+#: about three times the simulations); above it, whole blocks (deep models in seconds)
+FINE_NODES = 1500
 
 
-def blocks_of(graph: CostGraph) -> Blocks:
+def blocks_of(graph: CostGraph, *, fine: bool = False) -> Blocks:
     """`find_blocks` of ``graph``, cached beside it."""
     cache = graph_cache(graph, "blocks")
-    if "blocks" not in cache:
-        cache["blocks"] = find_blocks(graph)
-    return cache["blocks"]
+    if fine not in cache:
+        cache[fine] = find_blocks(graph, fine=fine)
+    return cache[fine]
 
 
 def table_of(graph: CostGraph, *, max_span: int = MAX_SPAN,
-             save_top: int = SolverConfig.save_top, nested: bool = False) -> BlockTable:
-    """The `BlockTable` of ``graph``'s stages, cached beside the graph."""
+             save_top: int = SolverConfig.save_top, nested: bool = False,
+             fine: bool = False) -> BlockTable:
+    """The `BlockTable` of ``graph``'s stages, cached beside the graph; ``fine``: stages are
+    the pieces of blocks between chain cuts (`find_blocks`), runs may mix their kinds."""
     cache = graph_cache(graph, "block tables")
-    key = (max_span, save_top, nested)
+    key = (max_span, save_top, nested, fine)
     if key not in cache:
-        cache[key] = BlockTable(graph, blocks_of(graph), max_span=max_span,
-                                save_top=save_top, nested=nested)
+        cache[key] = BlockTable(graph, blocks_of(graph, fine=fine), max_span=max_span,
+                                save_top=save_top, nested=nested, mixed=fine)
     return cache[key]
 
 
@@ -72,9 +77,12 @@ def nested_simulated() -> bool:
     return importlib.util.find_spec("scheduler.cost.nested") is not None
 
 
-def space_of(graph: CostGraph, table: BlockTable, save_top: int, nested: bool = False) -> str:
+def space_of(graph: CostGraph, table: BlockTable, save_top: int, nested: bool = False,
+             fine: bool = False) -> str:
     """The text naming the space, for ``schedule.meta["space"]``."""
-    text = (f"block chain ({blocks_of(graph).describe()}): regions at stage boundaries, "
+    stages = "pieces of blocks between chain cuts" if fine else "whole blocks"
+    text = (f"block chain ({blocks_of(graph).describe()}; stages: {stages}): regions at "
+            "stage boundaries, "
             f"one stage kept, or up to {table.max_span} stages recomputed, saving in each "
             f"the same positions, at most its kind's {save_top} slowest")
     if nested:
@@ -210,17 +218,20 @@ def _merged(table: BlockTable, steps: list[tuple[int, int, int]]) -> list[tuple]
 
 
 def _solve(graph: CostGraph, budget_bytes: int, *, solver: str, nested: bool,
-           max_span: int, config: SolverConfig | None) -> SolveResult:
+           max_span: int, fine: bool | None, config: SolverConfig | None) -> SolveResult:
     started = time.perf_counter()
     save_top = (config or SolverConfig()).save_top
-    table = table_of(graph, max_span=max_span, save_top=save_top, nested=nested)
+    if fine is None:
+        fine = len(graph.compute_nodes) <= FINE_NODES
+    table = table_of(graph, max_span=max_span, save_top=save_top, nested=nested, fine=fine)
     found = search(table, budget_bytes)
     if found is None:
         return finish(graph, budget_bytes, None, solver=solver, started=started,
                       status=INFEASIBLE, min_feasible_bytes=floor_bytes(table))
     t, steps, composed, exact = found
     schedule = build_schedule(graph, _merged(table, steps),
-                              meta={"space": space_of(graph, table, save_top, nested),
+                              meta={"space": space_of(graph, table, save_top, nested,
+                                                      fine),
                                     "composed_peak_bytes": composed})
     result = finish(graph, budget_bytes, schedule, solver=solver, started=started)
     est = result.estimate
@@ -233,17 +244,19 @@ def _solve(graph: CostGraph, budget_bytes: int, *, solver: str, nested: bool,
 
 @register("blocks")
 def block_dp(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None,
-             max_span: int = MAX_SPAN, config: SolverConfig | None = None) -> SolveResult:
+             max_span: int = MAX_SPAN, fine: bool | None = None,
+             config: SolverConfig | None = None) -> SolveResult:
     """Exact DP over the chain of blocks (see the module docstring). Polynomial; the time
-    limit is not used (the table's size does not depend on the depth)."""
+    limit is not used. ``fine``: stages are pieces of blocks (default: on graphs of at most
+    `FINE_NODES` compute nodes)."""
     return _solve(graph, budget_bytes, solver="blocks", nested=False, max_span=max_span,
-                  config=config)
+                  fine=fine, config=config)
 
 
 @register("blocks_nested")
 def nested_block_dp(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None,
-                    max_span: int = MAX_SPAN, config: SolverConfig | None = None
-                    ) -> SolveResult:
+                    max_span: int = MAX_SPAN, fine: bool | None = None,
+                    config: SolverConfig | None = None) -> SolveResult:
     """`block_dp` over a space that adds two-level nested regions (see the module
     docstring).
 
@@ -255,4 +268,4 @@ def nested_block_dp(graph: CostGraph, budget_bytes: int, *, time_limit_s: float 
                            "(scheduler.cost.nested), which this installation lacks; use "
                            "solver 'blocks' (one level)")
     return _solve(graph, budget_bytes, solver="blocks_nested", nested=True,
-                  max_span=max_span, config=config)
+                  max_span=max_span, fine=fine, config=config)

@@ -156,10 +156,12 @@ def _periodic(sigs: list[str]) -> tuple[int, int, int] | None:
     return best
 
 
-def find_blocks(graph: CostGraph) -> Blocks:
+def find_blocks(graph: CostGraph, *, fine: bool = False) -> Blocks:
     """The prefix, the chain of blocks (each with its kind) and the suffix of ``graph`` (see
     the module docstring). A graph with no repeating structure is one chain of blocks of
-    distinct kinds (``Blocks.repeats`` is False)."""
+    distinct kinds (``Blocks.repeats`` is False). ``fine``: each block cut further at the
+    chain cuts inside it (e.g. a transformer block's attention and MLP halves), each piece a
+    stage with its own kind."""
     names = graph.compute_nodes
     n = len(names)
     pts = [0, *chain_cuts(graph), n]
@@ -183,9 +185,17 @@ def find_blocks(graph: CostGraph) -> Blocks:
             lo, hi = pieces[i][0], pieces[i + p * reps - 1][1]
             roles = [(pieces[i + k * p][0], pieces[i + k * p + p - 1][1], BLOCK)
                      for k in range(reps)]
+    if fine:
+        inside = set(pts)
+        roles = [(x, y, role) for a, b, role in roles
+                 for x, y in _pairs([a, *sorted(c for c in inside if a < c < b), b])]
     stages = ([(0, lo, PREFIX)] if lo > 0 else []) + roles + \
         ([(hi, n, SUFFIX)] if hi < n else [])
     return Blocks(_kinds(graph, stages), hinted)
+
+
+def _pairs(points: list[int]) -> list[tuple[int, int]]:
+    return list(zip(points, points[1:]))
 
 
 def _kinds(graph: CostGraph, stages: list[tuple[int, int, str]]) -> tuple[Stage, ...]:

@@ -110,7 +110,7 @@ class BlockTable:
     simulations it ran. It keeps no reference to the graph."""
 
     def __init__(self, graph: CostGraph, blocks: Blocks, *, max_span: int, save_top: int,
-                 nested: bool = False):
+                 nested: bool = False, mixed: bool = False):
         names = graph.compute_nodes
         self.stages = blocks.stages
         self.points = blocks.points
@@ -124,8 +124,8 @@ class BlockTable:
         self.options: dict[tuple[int, int], list[Option]] = {}
         for a in range(S):
             for m in range(1, min(max_span, S - a) + 1):
-                if len(set(kinds[a:a + m])) > 1:
-                    break  # (runs of mixed kinds: many more measurements, little gained)
+                if not mixed and len(set(kinds[a:a + m])) > 1:
+                    break  # (runs of mixed kinds: more measurements; needed with `fine`)
                 recs: list[Option] = [(RECOMPUTE, self._save(names, tops, a, a + m, k), ())
                                       for k in range(max(self.levels[a:a + m]) + 1)]
                 if nested:
