@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     from scheduler.ir.schedule import Schedule
     from scheduler.report import console as make_console
     from scheduler.solvers import INFEASIBLE, get_solver
-    from scheduler.solvers.blockdp import floor_bytes, table_of
+    from scheduler.solvers.blockdp import FINE_NODES, floor_bytes, table_of
 
     depths = [12, 24] if args.quick else [int(d) for d in args.depths.split(",")]
     table = Table(title="Deep models (fake profile, roofline CPU times): the block DP",
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                                   device_spec="cpu")
             peak = simulate(g, Schedule.none(g), timeline=False).peak_bytes
             t0 = time.perf_counter()
-            floor = floor_bytes(table_of(g))
+            floor = floor_bytes(table_of(g, fine=len(g.compute_nodes) <= FINE_NODES))
             first = time.perf_counter() - t0
             for label, budget in (("70%", int(0.7 * peak)), ("50%", int(0.5 * peak)),
                                   ("30%", int(0.3 * peak)), ("floor", floor)):
