@@ -27,7 +27,7 @@ from .blockdp import blocks_of
 from .certify import certify
 from .config import SolverConfig
 
-__all__ = ["auto", "BASELINES"]
+__all__ = ["BASELINES", "auto"]
 
 #: baselines auto also tries, by name
 BASELINES = ("every_block", "sqrt", "uniform:2", "uniform:4", "greedy", "knapsack")

@@ -30,13 +30,24 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from itertools import pairwise
 from statistics import median
 
 from ..ir.graph import CostGraph
 from .dp import chain_cuts
 
-__all__ = ["PREFIX", "BLOCK", "BETWEEN", "SUFFIX", "TIME_RTOL", "TIME_ATOL", "Stage",
-           "Blocks", "find_blocks", "stage_signature"]
+__all__ = [
+    "BETWEEN",
+    "BLOCK",
+    "PREFIX",
+    "SUFFIX",
+    "TIME_ATOL",
+    "TIME_RTOL",
+    "Blocks",
+    "Stage",
+    "find_blocks",
+    "stage_signature",
+]
 
 PREFIX, BLOCK, BETWEEN, SUFFIX = "prefix", "block", "between", "suffix"
 #: identical stages' node times may differ from the kind's median by this fraction ...
@@ -175,7 +186,7 @@ def find_blocks(graph: CostGraph, *, fine: bool = False) -> Blocks:
         roles = [(a, b, BLOCK if (a, b) in labelled else BETWEEN) for a, b in spans
                  if lo <= a and b <= hi]
     else:
-        pieces = list(zip(pts, pts[1:]))
+        pieces = _pairs(pts)
         found = _periodic([stage_signature(graph, a, b) for a, b in pieces])
         if found is None:
             roles = [(a, b, BLOCK) for a, b in pieces]
@@ -195,7 +206,7 @@ def find_blocks(graph: CostGraph, *, fine: bool = False) -> Blocks:
 
 
 def _pairs(points: list[int]) -> list[tuple[int, int]]:
-    return list(zip(points, points[1:]))
+    return list(pairwise(points))
 
 
 def _kinds(graph: CostGraph, stages: list[tuple[int, int, str]]) -> tuple[Stage, ...]:

@@ -39,7 +39,7 @@ from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule
 from .blocks import Blocks
 from .dp import ENTRY_STATES, POLICIES
 
-__all__ = ["BlockTable", "Entry", "INNER_SPANS", "build_schedule"]
+__all__ = ["INNER_SPANS", "BlockTable", "Entry", "build_schedule"]
 
 #: with ``nested``: the sizes (in stages) of the inner recompute regions a recompute region of
 #: more stages may hold (the rest of it, at its end, an inner keep region)

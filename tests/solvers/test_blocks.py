@@ -3,7 +3,8 @@ own space (every schedule of the space simulated), never better than a proven op
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
