@@ -225,9 +225,11 @@ def _solve(graph: CostGraph, budget_bytes: int, *, solver: str, nested: bool,
         fine = len(graph.compute_nodes) <= FINE_NODES
     table = table_of(graph, max_span=max_span, save_top=save_top, nested=nested, fine=fine)
     found = search(table, budget_bytes)
-    if found is None:
+    if found is None:  # proven only where every entry composes exactly
+        proven = all(e.exact for e in table.entries.values())
         return finish(graph, budget_bytes, None, solver=solver, started=started,
-                      status=INFEASIBLE, min_feasible_bytes=floor_bytes(table))
+                      status=INFEASIBLE,
+                      min_feasible_bytes=floor_bytes(table) if proven else None)
     t, steps, composed, exact = found
     schedule = build_schedule(graph, _merged(table, steps),
                               meta={"space": space_of(graph, table, save_top, nested,
