@@ -13,7 +13,9 @@ The Llama-style model is written here in plain PyTorch (RMSNorm, SwiGLU, no rota
 Face's Llama passes the attention mask and rotary tables to every layer, so its layer
 boundaries are not chain cuts and the block DP does not apply to it.
 
-``--quick`` runs 12 and 24 layers only. ``--write`` replaces this script's section of
+``--quick`` runs 12 and 24 layers only. ``--floors`` prints instead, for the GPT example at
+8 layers (width 256, batch 8, sequence 256) and a ViT-like model, the least peak over the
+one-level and the nested block space against ``every_block``'s peak. ``--write`` replaces this script's section of
 docs/benchmarks.md (`_record.record`: with the date, the machine and this command line).
 """
 
@@ -82,6 +84,53 @@ class Llama(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+class _ViTLayer(nn.Module):
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                 nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v)
+        x = x + self.out(a.transpose(1, 2).flatten(2))
+        return x + self.mlp(self.norm2(x))
+
+
+class ViT(nn.Module):
+    """A ViT-like encoder: patch embedding, ``layers.i``, a norm, a class head and the loss."""
+
+    def __init__(self, layers: int, width: int = 64, heads: int = 4, patch: int = 4,
+                 classes: int = 10):
+        super().__init__()
+        self.patch = nn.Conv2d(3, width, patch, stride=patch)
+        self.layers = nn.ModuleList(_ViTLayer(width, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = self.patch(images).flatten(2).transpose(1, 2)
+        for layer in self.layers:
+            x = layer(x)
+        return F.cross_entropy(self.head(self.norm(x).mean(1)), labels)
+
+
+def _floor_models():
+    """The models of ``--floors``: where nesting should lower the floor (activations well
+    above the parameters)."""
+    from examples.gpt import build
+    torch.manual_seed(0)
+    yield "gpt example, 8 layers, width 256, batch 8, seq 256", build(
+        n_layer=8, batch=8, block_size=256, n_embd=256, n_head=4)
+    yield "ViT-like, 8 layers, width 64, 64x64 images, batch 16", (
+        ViT(8).train(), (torch.randn(16, 3, 64, 64), torch.randint(0, 10, (16,))))
+
+
 def _models(depth: int):
     from examples.gpt import build
     torch.manual_seed(0)
@@ -96,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="12 and 24 layers only")
     ap.add_argument("--depths", default="12,24,48,96", help="layer counts (default %(default)s)")
+    ap.add_argument("--floors", action="store_true",
+                    help="instead: the one-level and nested floors against every_block")
     _record.add_write_option(ap)
     args = ap.parse_args(argv)
     from rich.table import Table
@@ -107,6 +158,29 @@ def main(argv: list[str] | None = None) -> int:
     from scheduler.solvers import INFEASIBLE, get_solver
     from scheduler.solvers.blockdp import FINE_NODES, floor_bytes, table_of
 
+    if args.floors:
+        table = Table(title="Floors (fake profile): least peak over each space, of the "
+                            "unscheduled peak", title_justify="left")
+        for col in ("model", "nodes", "one-level floor", "nested floor", "every_block",
+                    "nested plan: peak, depth"):
+            table.add_column(col, justify="left" if col == "model" else "right")
+        for name, (model, inputs) in _floor_models():
+            g = scheduler.profile(model, inputs, mode="fake", times="roofline",
+                                  device_spec="cpu")
+            peak = simulate(g, Schedule.none(g), timeline=False).peak_bytes
+            fine = len(g.compute_nodes) <= FINE_NODES
+            one = floor_bytes(table_of(g, fine=fine))
+            nested = floor_bytes(table_of(g, fine=fine, nested=True))
+            every = get_solver("every_block")(g, peak).estimate.peak_bytes
+            r = get_solver("blocks_nested")(g, nested)
+            table.add_row(name, str(len(g.compute_nodes)), f"{one / peak:.3f}",
+                          f"{nested / peak:.3f}", f"{every / peak:.3f}",
+                          f"{r.estimate.peak_bytes / peak:.3f}, {r.schedule.depth}")
+        make_console().print(table)
+        if args.write:
+            _record.record("deep_floors", _record.markdown_table(table), device="cpu (fake)",
+                           command=_record.command_line(__file__, argv))
+        return 0
     depths = [12, 24] if args.quick else [int(d) for d in args.depths.split(",")]
     table = Table(title="Deep models (fake profile, roofline CPU times): the block DP",
                   title_justify="left")
