@@ -238,3 +238,19 @@ def test_nested_floor_is_below_the_one_level_floor() -> None:
     assert nested < flat
     r = get_solver("blocks_nested")(g, nested)
     assert r.fits and r.schedule.depth == 2
+
+
+def test_auto_uses_blocks_and_skips_what_would_start_past_the_limit(recorded_graph,
+                                                                      monkeypatch) -> None:
+    """As on a deep graph (`DEEP_NODES` lowered to 0): with the limit spent by the block DP,
+    auto runs `every_block` only besides it, skips the rest and says so."""
+    from scheduler.solvers import auto as auto_module
+    g = recorded_graph("gpt")
+    budget = budget_bytes(g, 0.7)
+    get_solver("blocks")(g, budget)  # (its table built, beside the graph)
+    monkeypatch.setattr(auto_module, "DEEP_NODES", 0)
+    r = get_solver("auto")(g, budget, time_limit_s=1e-3)
+    skipped = r.schedule.meta["auto_skipped"]
+    assert set(auto_module.BASELINES) - set(skipped) == {"every_block"}
+    assert {"relax", "dp"} <= set(skipped)
+    assert r.fits and r.solver == "blocks"
