@@ -57,7 +57,7 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
             left() < config.min_solve_s
 
     # exact over the chain of blocks where blocks repeat (seconds on thousands of nodes);
-    # then the baselines (the list keeps blocks and dp first, so that they win a tie with a
+    # then the baselines (the list keeps dp and blocks first, so that they win a tie with a
     # baseline); on graphs of thousands of nodes a step that would start past the limit is
     # skipped (`DEEP_NODES`), and the answer's ``meta["auto_skipped"]`` names it
     # (``every_block`` always runs)
@@ -83,7 +83,7 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
     if short() and blocked:
         skipped += ["relax"] * (relaxed is None) + ["dp"]
     else:
-        results.insert(len(blocked), get_solver("dp")(
+        results.insert(0, get_solver("dp")(  # (first: dp wins a tie with blocks)
             graph, budget_bytes, config=config,
             time_limit_s=None if time_limit_s is None else max(config.min_solve_s, left())))
     reserve = 0.0 if time_limit_s is None else config.fine_share * time_limit_s
