@@ -21,7 +21,6 @@ from scheduler.solvers.blockdp import floor_bytes, nested_simulated, table_of
 from scheduler.solvers.blocks import BLOCK, PREFIX, SUFFIX, find_blocks
 from scheduler.solvers.blocktable import build_schedule
 
-ONE = SolverConfig(save_top=1)
 
 
 def _fake(model: nn.Module, *inputs: Any) -> CostGraph:
@@ -141,8 +140,9 @@ def _space(table) -> Iterator[list[tuple]]:
         yield [tuple(x) for x in out]
 
 
-def _check_against_brute_force(graph: CostGraph, max_span: int, fine: bool = False) -> None:
-    table = table_of(graph, max_span=max_span, save_top=1, fine=fine)
+def _check_against_brute_force(graph: CostGraph, max_span: int, fine: bool = False,
+                               save_top: int = 1) -> None:
+    table = table_of(graph, max_span=max_span, save_top=save_top, fine=fine)
     seen = {}
     for spans in _space(table):
         est = simulate(graph, build_schedule(graph, spans), timeline=False)
@@ -153,7 +153,8 @@ def _check_against_brute_force(graph: CostGraph, max_span: int, fine: bool = Fal
     budgets = peaks[:: max(1, len(peaks) // 12)] + [peaks[-1], peaks[0] - 1]
     for budget in budgets:
         best = min((t for p, t in seen.values() if p <= budget), default=None)
-        r = get_solver("blocks")(graph, budget, config=ONE, max_span=max_span, fine=fine)
+        r = get_solver("blocks")(graph, budget, config=SolverConfig(save_top=save_top),
+                                 max_span=max_span, fine=fine)
         if best is None:
             assert r.status == INFEASIBLE and r.min_feasible_bytes == peaks[0]
             continue
@@ -169,13 +170,11 @@ def test_equals_brute_force_on_a_chain_of_blocks() -> None:
     _check_against_brute_force(_stack([32] * 5), max_span=5)
 
 
-@pytest.mark.slow
 def test_equals_brute_force_on_pieces_of_blocks(recorded_graph) -> None:
     """Stages are the attention and MLP halves of the GPT blocks; runs mix their kinds."""
-    _check_against_brute_force(recorded_graph("gpt"), max_span=3, fine=True)
+    _check_against_brute_force(recorded_graph("gpt"), max_span=2, fine=True, save_top=0)
 
 
-@pytest.mark.slow
 def test_equals_brute_force_on_gpt_example() -> None:
     _check_against_brute_force(_gpt(5), max_span=4)
 
@@ -209,7 +208,6 @@ needs_nested = pytest.mark.skipif(not nested_simulated(),
                                   reason="the simulator's nested replays are not merged yet")
 
 
-@pytest.mark.slow
 @needs_nested
 def test_nested_equals_brute_force_on_a_chain_of_blocks() -> None:
     g = _stack([32] * 5)
@@ -228,7 +226,6 @@ def test_nested_equals_brute_force_on_a_chain_of_blocks() -> None:
         assert r.estimate.recompute_s == pytest.approx(best, rel=1e-9, abs=1e-15), budget
 
 
-@pytest.mark.slow
 @needs_nested
 def test_nested_floor_is_below_the_one_level_floor() -> None:
     # activations well above the parameters' gradients (which no schedule lowers)
