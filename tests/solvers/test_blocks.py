@@ -22,7 +22,6 @@ from scheduler.solvers.blocks import BLOCK, PREFIX, SUFFIX, find_blocks
 from scheduler.solvers.blocktable import build_schedule
 
 
-
 def _fake(model: nn.Module, *inputs: Any) -> CostGraph:
     return scheduler.profile(model, inputs, mode="fake", times="roofline", device_spec="cpu")
 
