@@ -7,7 +7,12 @@ boundaries: one stage kept, or a run of at most ``max_span`` stages recomputed; 
 k a recompute region saves in each of its stages the kind's k slowest allocating node
 positions, k from 0 to ``save_top`` (`SolverConfig.save_top`).
 Keep regions over several stages are runs of one-stage keep regions (they compose exactly,
-as in `dp`). The space is named in ``schedule.meta["space"]``.
+as in `dp`). Stages are whole blocks, or with ``fine`` (the default up to `FINE_NODES` compute
+nodes) the pieces of blocks between chain cuts, and runs may then mix kinds. ``blocks_nested``
+adds two-level regions: a recompute run holding inner recompute regions of r stages (r in
+`blocktable.INNER_SPANS`) and, at its end, an inner keep region (nested non-reentrant
+checkpoints; it needs the simulator's nested replays). The space is named in
+``schedule.meta["space"]``.
 
 **Why it is exact.** As in `dp`, on a chain the simulator's peak is ``max_j (H_<j + L_j)``
 with each region's local peak ``L_j``, held bytes ``H_j`` and time depending only on its span,
@@ -18,7 +23,8 @@ shifted exactly to the others by the schedule-independent gradients of the later
 held, recompute time), integers throughout, finds the least recompute time over the space.
 The result is simulated again (`finish`) and claimed optimal over the space (``OPTIMAL``
 before `certify`, ``space_optimal`` after) only when every entry it used was exact and the
-simulated peak equals the composed one.
+simulated peak and recompute time equal the composed ones (a nested region's time is shifted
+between positions by its flat equivalent's, exact where identical stages' times are equal).
 
 Running time: the table costs a few simulations per kind, span and option (not per block:
 2-3 per distinct run of kinds, option and entry state, plus 3 per save level),
