@@ -39,6 +39,7 @@ from .dp import chain_cuts
 __all__ = [
     "BETWEEN",
     "BLOCK",
+    "MAX_PERIOD",
     "PREFIX",
     "SUFFIX",
     "TIME_ATOL",
@@ -54,6 +55,10 @@ PREFIX, BLOCK, BETWEEN, SUFFIX = "prefix", "block", "between", "suffix"
 TIME_RTOL = 1.0
 #: ... plus this many seconds (timer resolution and launch jitter of the smallest ops)
 TIME_ATOL = 5e-6
+
+#: without block labels, a block is at most this many pieces between chain cuts (the search
+#: for the period is O(MAX_PERIOD * pieces))
+MAX_PERIOD = 64
 
 _DIGITS = re.compile(r"\d+")
 
@@ -154,7 +159,7 @@ def _periodic(sigs: list[str]) -> tuple[int, int, int] | None:
     """(first piece, period, repetitions) of the longest run of pieces that repeats with a
     period (at least twice); ties: the smaller period, then the earlier run."""
     best = None
-    for p in range(1, len(sigs) // 2 + 1):
+    for p in range(1, min(MAX_PERIOD, len(sigs) // 2) + 1):
         i = 0
         while i + p < len(sigs):
             j = i
