@@ -2,8 +2,9 @@
 
 It runs every baseline, then ``relax`` (schedules read off the full-space relaxation, with its
 proven bound, for `SolverConfig.relax_share` of the time limit), and returns at once when that
-is OPTIMAL (nothing in the full space does better). Otherwise it goes on with ``dp`` (exact
-over chain schedules), ``cpsat`` (exact over region schedules of general graphs, within the
+is OPTIMAL (nothing in the full space does better). Otherwise it goes on with ``blocks``
+(exact over the chain of repeated blocks, where blocks repeat), ``dp`` (exact over chain
+schedules), ``cpsat`` (exact over region schedules of general graphs, within the
 time limit) and, when something fits and there is a time limit, ``cpsat_fine`` (a finer space,
 for `SolverConfig.fine_share` of the limit, warm-started from the best so far), and returns
 the schedule with the least recompute time whose simulated peak fits.
@@ -22,10 +23,18 @@ from dataclasses import replace
 
 from ..ir.graph import CostGraph
 from .base import INFEASIBLE, OPTIMAL, SolveResult, get_solver, register
+from .blockdp import blocks_of
 from .certify import certify
 from .config import SolverConfig
 
-__all__ = ["auto", "BASELINES"]
+__all__ = ["BASELINES", "auto"]
+
+#: from this many compute nodes on, steps that would start past the time limit are skipped
+#: (knapsack, relax and dp need seconds each there: about 12, 5 and 1 s at 3,275 nodes)
+DEEP_NODES = 2000
+#: baselines that take longer than the block DP on deep graphs (12-20 s at 3,275 nodes): not
+#: run there when blocks repeat and there is a time limit
+SLOW_BASELINES = ("knapsack",)
 
 #: baselines auto also tries, by name
 BASELINES = ("every_block", "sqrt", "uniform:2", "uniform:4", "greedy", "knapsack")
@@ -43,18 +52,40 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
         assert time_limit_s is not None
         return time_limit_s - (time.perf_counter() - started)
 
-    # the baselines run first (seconds at most, on thousands of nodes), so that the time
-    # limit covers them; the list keeps dp first, so that dp wins a tie with a baseline
-    baselines = [get_solver(name)(graph, budget_bytes, time_limit_s=time_limit_s)
-                 for name in BASELINES]
-    relaxed = get_solver("relax")(
-        graph, budget_bytes, config=config,
-        time_limit_s=None if time_limit_s is None else config.relax_share * time_limit_s)
-    if relaxed.status == OPTIMAL:
-        return replace(certify(graph, relaxed, config=config),
-                       solve_s=time.perf_counter() - started)
-    results = [get_solver("dp")(graph, budget_bytes, time_limit_s=time_limit_s, config=config),
-               relaxed]
+    def short() -> bool:  # a deep graph, and too little of the limit left for another step
+        return time_limit_s is not None and len(graph.compute_nodes) >= DEEP_NODES and \
+            left() < config.min_solve_s
+
+    # exact over the chain of blocks where blocks repeat (seconds on thousands of nodes);
+    # then the baselines (the list keeps dp and blocks first, so that they win a tie with a
+    # baseline); on graphs of thousands of nodes a step that would start past the limit is
+    # skipped (`DEEP_NODES`), and the answer's ``meta["auto_skipped"]`` names it
+    # (``every_block`` always runs)
+    blocked = [get_solver("blocks")(graph, budget_bytes, config=config)] \
+        if blocks_of(graph).repeats else []
+    skipped: list[str] = []
+    baselines = []
+    deep = time_limit_s is not None and len(graph.compute_nodes) >= DEEP_NODES
+    for name in BASELINES:
+        if baselines and short() or deep and blocked and name in SLOW_BASELINES:
+            skipped.append(name)
+        else:
+            baselines.append(get_solver(name)(graph, budget_bytes, time_limit_s=time_limit_s))
+    relaxed = None
+    if not (short() and blocked):
+        relaxed = get_solver("relax")(
+            graph, budget_bytes, config=config, time_limit_s=None if time_limit_s is None
+            else min(config.relax_share * time_limit_s, max(config.min_solve_s, left())))
+        if relaxed.status == OPTIMAL:
+            return replace(certify(graph, relaxed, config=config),
+                           solve_s=time.perf_counter() - started)
+    results = blocked + ([] if relaxed is None else [relaxed])
+    if short() and blocked:
+        skipped += ["relax"] * (relaxed is None) + ["dp"]
+    else:
+        results.insert(0, get_solver("dp")(  # (first: dp wins a tie with blocks)
+            graph, budget_bytes, config=config,
+            time_limit_s=None if time_limit_s is None else max(config.min_solve_s, left())))
     reserve = 0.0 if time_limit_s is None else config.fine_share * time_limit_s
     fitting = [r for r in results + baselines if r.status != INFEASIBLE]
     if time_limit_s is None or left() >= config.min_solve_s or not fitting:
@@ -77,7 +108,11 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
         # ties go to the earlier entry, so dp wins a tie with a baseline
         best = min(fitting, key=lambda r: r.estimate.recompute_s)  # type: ignore[union-attr]
         best = certify(graph, best, time_limit_s=None if time_limit_s is None else left(),
-                       bound_s=relaxed.lower_bound_s, config=config)
+                       bound_s=None if relaxed is None else relaxed.lower_bound_s,
+                       config=config)
+        if skipped and best.schedule is not None:
+            best = replace(best, schedule=replace(
+                best.schedule, meta={**best.schedule.meta, "auto_skipped": skipped}))
         return replace(best, solve_s=time.perf_counter() - started)
     peaks = [r.min_feasible_bytes for r in results if r.min_feasible_bytes is not None]
     peaks += [r.estimate.peak_bytes for r in results if r.estimate is not None]
