@@ -57,6 +57,8 @@ class Variant:
     budget_bytes: int | None = None
     predicted: dict[str, float] = field(default_factory=dict)
     graphs: list[int] = field(default_factory=lambda: [0])
+    peaks: tuple[int, int | None] | None = None  # `peaks`, once measured
+    note: str = ""
 
     def step(self) -> None:
         params = list(self.module.parameters())
@@ -148,18 +150,19 @@ def compiled(module: nn.Module, budget: float | None, graphs: list[int]) -> nn.M
 
 
 def time_rounds(variants: list[Variant], rounds: int,
-                progress: Callable[[str], None] = lambda s: None) -> dict[str, list[float]]:
-    """Wall time of one step of each variant, in ``rounds`` rounds that each run every variant
-    once (so load from elsewhere slows all alike); one untimed step of each first."""
+                progress: Callable[[str], None] = lambda s: None) -> list[list[float]]:
+    """Wall time of one step of each variant (in their order), in ``rounds`` rounds that each
+    run every variant once (so load from elsewhere slows all alike); one untimed step of each
+    first."""
     for v in variants:
         v.step()
-    times: dict[str, list[float]] = {v.name: [] for v in variants}
+    times: list[list[float]] = [[] for _ in variants]
     for r in range(rounds):
         progress(f"timing round {r + 1}/{rounds}")
-        for v in variants:
+        for i, v in enumerate(variants):
             t0 = time.perf_counter()
             v.step()
-            times[v.name].append(time.perf_counter() - t0)
+            times[i].append(time.perf_counter() - t0)
     return times
 
 

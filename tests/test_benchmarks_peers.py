@@ -38,8 +38,9 @@ def test_titan_policy_saves_compute_ops_but_every_second_mm() -> None:
     assert [policy(rec, op) for op in ops] == want  # the recompute's own count, from 0
 
 
-def test_distinct_drops_near_duplicates() -> None:
-    assert peers.distinct([300, 100, 101, 200, 303]) == [100, 200, 300]
+def test_budgets_within_one_percent_merge_into_the_lower() -> None:
+    got = peers.merged([(300, False), (100, False), (101, True), (200, True), (303, True)])
+    assert got == [(100, True), (200, True), (300, True)]
 
 
 def test_wrapped_blocks_compute_the_models_gradients() -> None:
