@@ -19,12 +19,13 @@ from __future__ import annotations
 import copy
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch._functorch.config as functorch_config
-import torch.nn as nn
+from torch import nn
 from torch._functorch.partitioners import get_default_op_list
 from torch.utils.checkpoint import (
     CheckpointPolicy,

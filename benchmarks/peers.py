@@ -48,14 +48,35 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch._dynamo as dynamo
+import torch._dynamo.config as dynamo_config
+import torch._functorch.config as functorch_config
+import torch._inductor.config as inductor_config
+from rich.console import Console
+from rich.table import Table
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `examples` is not an installed package
     sys.path.insert(0, str(ROOT))
 
 # this script's folder is on sys.path
 import _record
-from _peers_variants import (Variant, block_paths, compiled, peaks, time_rounds, titan_policy,
-                             wrap_blocks)
+from _peers_variants import (
+    Variant,
+    block_paths,
+    compiled,
+    peaks,
+    time_rounds,
+    titan_policy,
+    wrap_blocks,
+)
+
+import scheduler
+from scheduler.budget import InfeasibleBudgetError
+from scheduler.cost.simulate import simulate
+from scheduler.ir.schedule import Schedule
+from scheduler.solvers import get_solver
 
 #: key -> (label, example module, build keywords)
 EXAMPLES: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -103,9 +124,6 @@ def our_plan(graph: Any, model: Any, inputs: tuple[Any, ...], budget: int, *,
     ``budget``: solved at ``budget``, and if it measures above (the profiler also counts what
     ops allocate and free inside themselves, which the cost model does not), solved once more
     at ``budget`` less the excess, up to `RESOLVE` times. None when no schedule fits."""
-    import scheduler
-    from scheduler.budget import InfeasibleBudgetError
-
     target, v = budget, None
     for attempt in range(RESOLVE + 1):
         try:
@@ -126,13 +144,6 @@ def our_plan(graph: Any, model: Any, inputs: tuple[Any, ...], budget: int, *,
 def race(key: str, *, quick: bool, compile_budgets: tuple[float, ...], rounds: int,
          time_limit_s: float, compile_plans: bool) -> dict[str, Any]:
     """Build, measure and time every variant of one example; returns its rows."""
-    import torch._dynamo as dynamo
-
-    import scheduler
-    from scheduler.cost.simulate import simulate
-    from scheduler.ir.schedule import Schedule
-    from scheduler.solvers import get_solver
-
     label, module_name, kwargs = EXAMPLES[key]
     model, inputs = importlib.import_module(module_name).build(
         **(QUICK[key] if quick else kwargs))
@@ -213,8 +224,6 @@ def mib(b: int | None) -> str:
 
 def table(result: dict[str, Any]) -> Any:
     """The rich ``Table`` of one example."""
-    from rich.table import Table
-
     t = Table(title=f"{result['label']}: {result['nodes']} nodes, {result['blocks']} blocks, "
                     f"inputs {result['inputs']}; medians of {result['rounds']} interleaved "
                     f"rounds, 1 thread", title_justify="left")
@@ -238,8 +247,6 @@ def table(result: dict[str, Any]) -> Any:
 def matched(result: dict[str, Any]) -> Any:
     """For each variant a user would pick instead: the fastest of our plans, eager and
     compiled, whose measured peak is no higher than its own, and their step over its step."""
-    from rich.table import Table
-
     rows = result["rows"]
     t = Table(title=f"{result['label']}: against each other choice, the fastest of our plans "
                     f"whose measured peak is no higher (step over its step; < 1: ours faster)",
@@ -305,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave torch.compile out (no compile variants, no compiled plans; "
                              "our plans at fractions of none's measured peak instead)")
     parser.add_argument("--time-limit", type=float, default=None,
-                        help="our solver's time limit per budget, seconds (default 30; quick 5)")
+                        help="our solver's time limit per budget, seconds (default 30; quick 2)")
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "peers.png")
     _record.add_write_option(parser)
     args = parser.parse_args(argv)
@@ -316,11 +323,6 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (1 if args.quick else 7)
     if rounds < 1 or (not args.quick and rounds < 5):
         parser.error(f"--rounds must be >= 5 (>= 1 with --quick), got {rounds}")
-    import torch
-    import torch._dynamo.config as dynamo_config
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-
     torch.set_num_threads(1)
     # (with the caches on, a second budget's compilation reused the first one's graph)
     inductor_config.force_disable_caches = True
@@ -337,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             parts.append(f"{EXAMPLES[key][0]}: skipped (transformers is not installed)")
             continue
         res = race(key, quick=args.quick, compile_budgets=budgets, rounds=rounds,
-                   time_limit_s=args.time_limit or (5.0 if args.quick else 30.0),
+                   time_limit_s=args.time_limit or (2.0 if args.quick else 30.0),
                    compile_plans=not args.no_compile)
         results.append(res)
         tables = [table(res), matched(res)]
@@ -358,8 +360,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print(t: Any) -> None:
-    from rich.console import Console
-
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)
