@@ -32,8 +32,9 @@ only the eager plan's predicted peak (the cost model does not model compiled ste
 AOT-autograd caches are off and each compiled variant has its own backend and module copy, so
 no budget reuses another's graph; the ``graphs`` column counts the graphs each compiled.
 
-Compiling takes about a minute a graph on a loaded 2-core CPU, so the full race runs for the
-better part of an hour; ``--examples`` runs some of them. ``--write`` replaces the ``peers``
+Compiling takes one to two minutes a graph on a loaded 2-core CPU and each example compiles
+about a dozen (the GPT example at its default size took 22 minutes in all, load average about
+5), so the full race runs for one to two hours; ``--examples`` runs some of them. ``--write`` replaces the ``peers``
 section of ``docs/benchmarks.md`` (`_record.record`) and writes the plot (``--png``).
 """
 
