@@ -1,0 +1,371 @@
+"""Our plans raced against what a PyTorch user would pick instead, at matched measured peaks.
+
+    python benchmarks/peers.py --write                 # the full race: docs/benchmarks.md, docs/peers.png
+    python benchmarks/peers.py --quick --no-compile    # a smoke test: tiny models, one round
+
+For each example (the GPT example at its default size and at 8 layers, width 256, batch 8 x
+256; Hugging Face GPT-2 from a config with random weights; the U-Net) it builds these
+training steps, all on one torch thread:
+
+* ``none``: the model as it is; ``every_block``: ``torch.utils.checkpoint`` around each
+  repeated block, by hand; ``sqrt``: ``checkpoint_sequential``-style, sqrt(n) segments of
+  blocks, the last kept (our ``sqrt`` baseline's schedule, applied); ``selective AC``: each
+  block under ``checkpoint`` with torchtitan's selective policy (save matmul and attention
+  outputs, every second ``mm`` recomputed, recompute the rest; `_peers_variants.titan_policy`);
+* ``compile B``: ``torch.compile`` (inductor) with ``activation_memory_budget`` B, for B in 1.0,
+  0.8, 0.6, 0.4, 0.2, 0.0;
+* ``ours B`` / ``ours B compiled``: our plan (``solve_graph``, solver ``auto``) at a budget B
+  equal to each measured peak of the compiled variants and at 85% and 70% of the lowest of
+  them, run eagerly and under ``torch.compile(plan.module)``; and, eagerly, at the measured
+  peaks of ``every_block``, ``sqrt`` and ``selective AC`` (budgets within 1% of each other
+  merged into the lower). A plan whose eager peak measures above its budget is solved again
+  at the budget less the excess (`our_plan`).
+
+Step times are medians over ``--rounds`` interleaved rounds (each round runs every variant
+once) and are given over ``none``'s. Every variant's peak is measured the same way, from the
+profiler's memory events (`measurement.compiled.compiled_peak`: it sees inductor's
+allocations); for the eager variants the storage tracker's peak (`scheduler.measure`) is
+shown beside it. Where our cost model has a schedule for a variant (``none``, ``every_block``
+as our ``every_block`` schedule, ``sqrt``, our plans) its predicted peak and predicted step
+(over the predicted unscheduled step) are shown beside the measured ones; for a compiled plan
+only the eager plan's predicted peak (the cost model does not model compiled steps). The FX-graph and
+AOT-autograd caches are off and each compiled variant has its own backend and module copy, so
+no budget reuses another's graph; the ``graphs`` column counts the graphs each compiled.
+
+Compiling takes one to two minutes a graph on a loaded 2-core CPU and each example compiles
+about a dozen (the GPT example at its default size took 22 minutes in all, load average about
+5), so the full race runs for one to two hours; ``--examples`` runs some of them. ``--write`` replaces the ``peers``
+section of ``docs/benchmarks.md`` (`_record.record`) and writes the plot (``--png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import importlib.util
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch._dynamo as dynamo
+import torch._dynamo.config as dynamo_config
+import torch._functorch.config as functorch_config
+import torch._inductor.config as inductor_config
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `examples` is not an installed package
+    sys.path.insert(0, str(ROOT))
+
+# this script's folder is on sys.path
+import _record
+from _peers_variants import (
+    Variant,
+    block_paths,
+    compiled,
+    peaks,
+    time_rounds,
+    titan_policy,
+    wrap_blocks,
+)
+
+import scheduler
+from scheduler.budget import InfeasibleBudgetError
+from scheduler.cost.simulate import simulate
+from scheduler.ir.schedule import Schedule
+from scheduler.solvers import get_solver
+
+#: key -> (label, example module, build keywords)
+EXAMPLES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "gpt": ("GPT (default)", "examples.gpt", {}),
+    "gpt_large": ("GPT (8 layers, 256 wide, batch 8 x 256)", "examples.gpt",
+                  dict(n_layer=8, n_embd=256, batch=8, block_size=256)),
+    "hf_gpt2": ("HF GPT-2 (random weights)", "examples.hf_gpt2", {}),
+    "unet": ("U-Net (default)", "examples.unet", {}),
+}
+#: ``--quick``: tiny sizes (seconds to profile)
+QUICK: dict[str, dict[str, Any]] = {
+    "gpt": dict(batch=2, block_size=16, n_layer=2, n_head=2, n_embd=32, vocab_size=64),
+    "gpt_large": dict(batch=2, block_size=32, n_layer=3, n_head=2, n_embd=32, vocab_size=64),
+    "hf_gpt2": dict(batch=2, seq_len=16, n_layer=2, n_head=2, n_embd=32, vocab_size=64),
+    "unet": dict(batch=2, channels=3, size=16, base=4, classes=2),
+}
+COMPILE_BUDGETS = (1.0, 0.8, 0.6, 0.4, 0.2, 0.0)
+#: our plans below compile's lowest peak, as fractions of it
+BELOW = (0.85, 0.7)
+#: how many times `our_plan` solves again when a plan measures above its budget
+RESOLVE = 3
+#: without compiled variants (``--no-compile``), our plans at these fractions of none's peak
+NO_COMPILE = (0.7, 0.5)
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def merged(budgets: list[tuple[int, bool]], rel: float = 0.01) -> list[tuple[int, bool]]:
+    """``(bytes, compile too)`` budgets sorted, each within ``rel`` above a kept one merged
+    into it (the lower budget stands for both; compile too if either is)."""
+    out: list[tuple[int, bool]] = []
+    for b, c in sorted(budgets):
+        if out and b <= out[-1][0] * (1 + rel):
+            out[-1] = (out[-1][0], out[-1][1] or c)
+        else:
+            out.append((b, c))
+    return out
+
+
+def our_plan(graph: Any, model: Any, inputs: tuple[Any, ...], budget: int, *,
+             time_limit_s: float, predicted: Any) -> Variant | None:
+    """Our plan (``auto``) whose peak, measured by the profiler's memory events, is at most
+    ``budget``: solved at ``budget``, and if it measures above (the profiler also counts what
+    ops allocate and free inside themselves, which the cost model does not), solved once more
+    at ``budget`` less the excess, up to `RESOLVE` times. None when no schedule fits."""
+    target, v = budget, None
+    for attempt in range(RESOLVE + 1):
+        try:
+            result = scheduler.solve_graph(graph, target, time_limit_s=time_limit_s)
+        except InfeasibleBudgetError:
+            return v
+        v = Variant(f"ours {budget / 2**20:.3f} MiB", "ours",
+                    scheduler.apply(model, result.schedule, inputs), inputs,
+                    budget_bytes=budget, predicted=predicted(result.schedule),
+                    note="solved again below the budget" if attempt else "")
+        v.peaks = peaks(v)
+        if v.peaks[0] <= budget:
+            break
+        target -= v.peaks[0] - budget
+    return v
+
+
+def race(key: str, *, quick: bool, compile_budgets: tuple[float, ...], rounds: int,
+         time_limit_s: float, compile_plans: bool) -> dict[str, Any]:
+    """Build, measure and time every variant of one example; returns its rows."""
+    label, module_name, kwargs = EXAMPLES[key]
+    model, inputs = importlib.import_module(module_name).build(
+        **(QUICK[key] if quick else kwargs))
+    say(f"{label}: profiling")
+    graph = scheduler.profile(model, inputs, repeats=3)
+    unscheduled = simulate(graph, Schedule.none(graph), timeline=False)
+
+    def predicted(schedule: Any) -> dict[str, float]:
+        est = simulate(graph, schedule, timeline=False)
+        return {"peak_bytes": est.peak_bytes, "step_ratio": est.step_s / unscheduled.step_s}
+
+    def baseline(name: str) -> Any:
+        return get_solver(name)(graph, 1 << 62).schedule
+
+    paths = block_paths(graph)
+    variants = [
+        Variant("none", "user", model, inputs, predicted=predicted(Schedule.none(graph))),
+        Variant("every_block", "user", wrap_blocks(model, paths), inputs,
+                predicted=predicted(baseline("every_block"))),
+        Variant("sqrt", "user", scheduler.apply(model, baseline("sqrt"), inputs), inputs,
+                predicted=predicted(baseline("sqrt"))),
+        Variant("selective AC", "user", wrap_blocks(model, paths, titan_policy), inputs),
+    ]
+    dynamo.reset()
+    for b in compile_budgets:
+        v = Variant(f"compile {b:.1f}", "compile", None, inputs, compiled=True)  # type: ignore
+        v.module = compiled(copy.deepcopy(model), b, v.graphs)
+        say(f"{label}: compiling at activation_memory_budget={b}")
+        v.step()
+        variants.append(v)
+    for v in variants:
+        say(f"{label}: peak of {v.name}")
+        v.peaks = peaks(v)
+    # our plans: at each compile peak and below the lowest (eager and compiled), and at the
+    # other baselines' peaks (eager)
+    wanted = [(v.peaks[0], True) for v in variants if v.family == "compile"]
+    if wanted:
+        low = min(b for b, _ in wanted)
+        wanted += [(int(low * f), True) for f in BELOW]
+    else:  # (no compiled variants: fractions of the unscheduled step's measured peak)
+        wanted = [(int(variants[0].peaks[0] * f), False) for f in NO_COMPILE]
+    wanted += [(v.peaks[0], False) for v in variants if v.family == "user" and v.name != "none"]
+    infeasible = []
+    for budget, with_compiled in merged(wanted):
+        say(f"{label}: solving at {budget} bytes")
+        ours = our_plan(graph, model, inputs, budget, time_limit_s=time_limit_s,
+                        predicted=predicted)
+        if ours is None:
+            infeasible.append(budget)
+            continue
+        variants.append(ours)
+        if compile_plans and with_compiled:
+            c = Variant(f"{ours.name} compiled", "ours compiled", None, inputs,  # type: ignore
+                        compiled=True, budget_bytes=budget, predicted=ours.predicted)
+            c.module = compiled(ours.module, None, c.graphs)
+            say(f"{label}: compiling {ours.name}")
+            c.step()
+            c.peaks = peaks(c)
+            variants.append(c)
+    say(f"{label}: timing {len(variants)} variants")
+    times = time_rounds(variants, rounds, say)
+    base = statistics.median(times[0])  # (none's)
+    rows = []
+    for v, ts in zip(variants, times):
+        step = statistics.median(ts)
+        rows.append(dict(name=v.name, family=v.family, budget=v.budget_bytes,
+                         peak=v.peaks[0], tracked=v.peaks[1], step_s=step, note=v.note,
+                         ratio=step / base, graphs=v.graphs[0] if v.compiled else None,
+                         **{f"predicted_{k}": x for k, x in v.predicted.items()}))
+    return dict(key=key, label=label, rows=rows, infeasible=infeasible, rounds=rounds,
+                nodes=len(graph.compute_nodes), blocks=len(paths),
+                inputs=graph.meta.get("inputs", ""))
+
+
+def mib(b: int | None) -> str:
+    return "-" if b is None else f"{b / 2**20:.2f}"
+
+
+def table(result: dict[str, Any]) -> Any:
+    """The rich ``Table`` of one example."""
+    t = Table(title=f"{result['label']}: {result['nodes']} nodes, {result['blocks']} blocks, "
+                    f"inputs {result['inputs']}; medians of {result['rounds']} interleaved "
+                    f"rounds, 1 thread", title_justify="left")
+    for col in ("variant", "budget MiB", "peak MiB (profiler)", "peak MiB (tracker)", "step",
+                "x none", "predicted x none", "predicted / measured step",
+                "predicted peak MiB", "graphs"):
+        t.add_column(col, justify="left" if col == "variant" else "right")
+    for r in result["rows"]:
+        # (the cost model predicts eager steps: a compiled row shows only its predicted peak,
+        # the eager plan's, to set beside the compiled peak)
+        pr = None if r["graphs"] is not None else r.get("predicted_step_ratio")
+        t.add_row(r["name"] + (f" ({r['note']})" if r["note"] else ""), mib(r["budget"]), mib(r["peak"]), mib(r["tracked"]),
+                  f"{r['step_s'] * 1e3:.1f} ms", f"{r['ratio']:.3f}",
+                  "-" if pr is None else f"{pr:.3f}",
+                  "-" if pr is None else f"{pr / r['ratio']:.3f}",
+                  mib(r.get("predicted_peak_bytes")),
+                  "-" if r["graphs"] is None else str(r["graphs"]))
+    return t
+
+
+def matched(result: dict[str, Any]) -> Any:
+    """For each variant a user would pick instead: the fastest of our plans, eager and
+    compiled, whose measured peak is no higher than its own, and their step over its step."""
+    rows = result["rows"]
+    t = Table(title=f"{result['label']}: against each other choice, the fastest of our plans "
+                    f"whose measured peak is no higher (step over its step; < 1: ours faster)",
+              title_justify="left")
+    for col in ("variant", "its peak MiB", "its x none", "ours eager", "ours eager / it",
+                "ours compiled", "ours compiled / it"):
+        t.add_column(col, justify="left" if col == "variant" else "right")
+
+    def best(r: dict[str, Any], family: str) -> tuple[str, str]:
+        fit = [o for o in rows if o["family"] == family and o["peak"] <= r["peak"]]
+        if not fit:
+            return "none fits", "-"
+        o = min(fit, key=lambda o: o["ratio"])
+        return f"{o['ratio']:.3f} ({o['name']}, {mib(o['peak'])})", f"{o['ratio'] / r['ratio']:.3f}"
+
+    for r in rows:
+        if r["family"] in ("user", "compile") and r["name"] != "none":
+            t.add_row(r["name"], mib(r["peak"]), f"{r['ratio']:.3f}", *best(r, "ours"),
+                      *best(r, "ours compiled"))
+    return t
+
+
+MARKERS = {"user": "o", "compile": "s", "ours": "^", "ours compiled": "v"}
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    """Measured peak against step time (x none), one panel per example."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4.2), squeeze=False)
+    for ax, res in zip(axes[0], results):
+        for fam, marker in MARKERS.items():
+            rs = [r for r in res["rows"] if r["family"] == fam]
+            if rs:
+                ax.scatter([r["peak"] / 2**20 for r in rs], [r["ratio"] for r in rs],
+                           marker=marker, label=fam)
+                for r in rs:
+                    if fam in ("user", "compile"):
+                        ax.annotate(r["name"], (r["peak"] / 2**20, r["ratio"]), fontsize=6,
+                                    xytext=(3, 3), textcoords="offset points")
+        ax.set_title(res["label"], fontsize=9)
+        ax.set_xlabel("measured peak (MiB, profiler)")
+        ax.set_ylabel("step time / none")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--examples", default=",".join(EXAMPLES),
+                        help=f"comma-separated, of {', '.join(EXAMPLES)} (default: all)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes, one round, budgets 1.0 and 0.4: a smoke test")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 7)")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="leave torch.compile out (no compile variants, no compiled plans; "
+                             "our plans at fractions of none's measured peak instead)")
+    parser.add_argument("--time-limit", type=float, default=None,
+                        help="our solver's time limit per budget, seconds (default 30; quick 2)")
+    parser.add_argument("--png", type=Path, default=ROOT / "docs" / "peers.png")
+    _record.add_write_option(parser)
+    args = parser.parse_args(argv)
+    keys = [k.strip() for k in args.examples.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in EXAMPLES]
+    if unknown:
+        parser.error(f"unknown example {unknown[0]!r}; choose from {', '.join(EXAMPLES)}")
+    rounds = args.rounds or (1 if args.quick else 7)
+    if rounds < 1 or (not args.quick and rounds < 5):
+        parser.error(f"--rounds must be >= 5 (>= 1 with --quick), got {rounds}")
+    torch.set_num_threads(1)
+    # (with the caches on, a second budget's compilation reused the first one's graph)
+    inductor_config.force_disable_caches = True
+    functorch_config.enable_autograd_cache = False
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, 256)
+    budgets = () if args.no_compile else ((1.0, 0.4) if args.quick else COMPILE_BUDGETS)
+    results, parts = [], []
+    for key in keys:
+        if key == "hf_gpt2" and importlib.util.find_spec("transformers") is None:
+            say(f"{key}: skipped (pip install transformers)")
+            parts.append(f"{EXAMPLES[key][0]}: skipped (transformers is not installed)")
+            continue
+        res = race(key, quick=args.quick, compile_budgets=budgets, rounds=rounds,
+                   time_limit_s=args.time_limit or (2.0 if args.quick else 30.0),
+                   compile_plans=not args.no_compile)
+        results.append(res)
+        tables = [table(res), matched(res)]
+        for t in tables:
+            _print(t)
+        note = (f"\n\nNo plan fits {', '.join(mib(b) for b in res['infeasible'])} MiB."
+                if res["infeasible"] else "")
+        parts.append("\n\n".join(_record.markdown_table(t) for t in tables) + note)
+    if results:
+        plot(results, args.png)
+        say(f"wrote {args.png}")
+    if args.write:
+        path = _record.record("peers", "\n\n".join(parts) + "\n\n![peak against step time]"
+                              "(peers.png)", device="cpu",
+                              command=_record.command_line(__file__, argv))
+        say(f"updated {path}")
+    return 0
+
+
+def _print(t: Any) -> None:
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    console.print(t)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
