@@ -61,7 +61,7 @@ def mutate(doc: Any, rng: random.Random, n: int = 1) -> tuple[Any, list[str]]:
                            "copy"))
         value = _get(doc, path)
         if kind == "set":
-            new = rng.choice(NASTY)
+            new = copy.deepcopy(rng.choice(NASTY))
         elif kind == "number":
             new = rng.choice((-1, 1, 2, 10, 1 << 40)) * (value if isinstance(value, (int, float))
                                                        and not isinstance(value, bool) else 1)
@@ -82,7 +82,7 @@ def mutate(doc: Any, rng: random.Random, n: int = 1) -> tuple[Any, list[str]]:
                 parent.insert(path[-1], copy.deepcopy(value))
                 done.append(f"duplicate {path}")
                 continue
-            new = rng.choice(NASTY)
+            new = copy.deepcopy(rng.choice(NASTY))
         doc = _set(doc, path, new)
         done.append(f"set {path} = {new!r:.60}")
     return doc, done
