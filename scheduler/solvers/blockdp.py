@@ -11,7 +11,7 @@ as in `dp`). Stages are whole blocks, or with ``fine`` (the default up to `FINE_
 nodes) the pieces of blocks between chain cuts, and runs may then mix kinds. ``blocks_nested``
 adds two-level regions: a recompute run holding inner recompute regions of r stages (r in
 `blocktable.INNER_SPANS`) and, at its end, an inner keep region (nested non-reentrant
-checkpoints; it needs the simulator's nested replays). The space is named in
+checkpoints). The space is named in
 ``schedule.meta["space"]``.
 
 **Why it is exact.** As in `dp`, on a chain the simulator's peak is ``max_j (H_<j + L_j)``
@@ -35,7 +35,6 @@ DP of O(S * max_span * options) per step.
 
 from __future__ import annotations
 
-import importlib.util
 import time
 
 import numpy as np
@@ -48,7 +47,7 @@ from .blocktable import BlockTable, build_schedule
 from .config import SolverConfig
 
 __all__ = ["FINE_NODES", "MAX_SPAN", "block_dp", "blocks_of", "floor_bytes", "nested_block_dp",
-           "nested_simulated", "search", "space_of", "table_of"]
+           "search", "space_of", "table_of"]
 
 #: the longest recompute region of the space, in stages
 MAX_SPAN = 16
@@ -76,11 +75,6 @@ def table_of(graph: CostGraph, *, max_span: int = MAX_SPAN,
         cache[key] = BlockTable(graph, blocks_of(graph, fine=fine), max_span=max_span,
                                 save_top=save_top, nested=nested, mixed=fine)
     return cache[key]
-
-
-def nested_simulated() -> bool:
-    """Whether the simulator predicts nested schedules (its `nested` module is there)."""
-    return importlib.util.find_spec("scheduler.cost.nested") is not None
 
 
 def space_of(graph: CostGraph, table: BlockTable, save_top: int, nested: bool = False,
@@ -266,14 +260,6 @@ def nested_block_dp(graph: CostGraph, budget_bytes: int, *, time_limit_s: float 
                     max_span: int = MAX_SPAN, fine: bool | None = None,
                     config: SolverConfig | None = None) -> SolveResult:
     """`block_dp` over a space that adds two-level nested regions (see the module
-    docstring).
-
-    Raises:
-        RuntimeError: the simulator in this installation predicts no nested schedules.
-    """
-    if not nested_simulated():
-        raise RuntimeError("blocks_nested needs the simulator's nested replays "
-                           "(scheduler.cost.nested), which this installation lacks; use "
-                           "solver 'blocks' (one level)")
+    docstring)."""
     return _solve(graph, budget_bytes, solver="blocks_nested", nested=True,
                   max_span=max_span, fine=fine, config=config)

@@ -17,7 +17,7 @@ from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import CostGraph
 from scheduler.ir.schedule import KEEP
 from scheduler.solvers import INFEASIBLE, SolverConfig, get_solver
-from scheduler.solvers.blockdp import floor_bytes, nested_simulated, table_of
+from scheduler.solvers.blockdp import floor_bytes, table_of
 from scheduler.solvers.blocks import BLOCK, PREFIX, SUFFIX, find_blocks
 from scheduler.solvers.blocktable import build_schedule
 
@@ -203,11 +203,6 @@ def test_schedule_names_its_space(recorded_graph) -> None:
 
 # -- nested (two levels) -------------------------------------------------------------------
 
-needs_nested = pytest.mark.skipif(not nested_simulated(),
-                                  reason="the simulator's nested replays are not merged yet")
-
-
-@needs_nested
 def test_nested_equals_brute_force_on_a_chain_of_blocks() -> None:
     g = _stack([32] * 5)
     table = table_of(g, max_span=5, save_top=0, nested=True, fine=True)
@@ -225,7 +220,6 @@ def test_nested_equals_brute_force_on_a_chain_of_blocks() -> None:
         assert r.estimate.recompute_s == pytest.approx(best, rel=1e-9, abs=1e-15), budget
 
 
-@needs_nested
 def test_nested_floor_is_below_the_one_level_floor() -> None:
     # activations well above the parameters' gradients (which no schedule lowers)
     g = _gpt(8, batch=16, seq=64)
