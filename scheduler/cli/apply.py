@@ -71,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_measured(schedule: Any, measured: Any) -> None:
     """Predicted, measured and their ratio for peak memory and step time, and the budget."""
+    from scheduler.measurement.step import over_budget_warning
+
     from rich.console import Console
     from rich.table import Table
 
@@ -91,5 +93,7 @@ def _print_measured(schedule: Any, measured: Any) -> None:
     row("step time", "step_s", measured.step_s, format_seconds)
     if schedule.budget_bytes:
         fits = "fits" if measured.peak_bytes <= schedule.budget_bytes else "EXCEEDS"
+        if over_budget_warning(schedule, measured.peak_bytes):
+            fits += " (a bug: please report it with this schedule file)"
         table.add_row("budget", format_bytes(schedule.budget_bytes), fits, "")
     Console().print(table)
