@@ -46,12 +46,13 @@ def add_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_spec(parser)
-    parser.add_argument(
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument(
         "--budget", default=None, metavar="BUDGET",
         help="peak memory of one training step: '6GiB', '512MB', '1.5e9' bytes, or '60%%' / "
         "'0.6' of the unscheduled predicted peak (required unless --floor)",
     )
-    parser.add_argument(
+    which.add_argument(
         "--floor", action="store_true",
         help="print the smallest budget that fits (the least peak of any schedule found), the "
         "proven lower bound beside it, its status and space, instead of solving at a budget",
@@ -100,9 +101,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.floor:
         return run_floor(args)
-    if args.budget is None:
-        raise ValueError("scheduler solve needs --budget (e.g. --budget 60%), or --floor to "
-                         "print the smallest budget that fits")
 
     out: Path = args.out if args.out is not None else default_out(args.model_spec).with_suffix(
         ".schedule.json")
@@ -141,9 +139,6 @@ def run_floor(args: argparse.Namespace) -> int:
 
     from scheduler.workflows.floor import floor
 
-    if args.budget is not None:
-        raise ValueError("--floor finds the smallest budget itself: give --floor or --budget, "
-                         "not both")
     model, inputs, loss_fn = load_factory(args.model_spec)
     kwargs: dict[str, Any] = dict(loss_fn=loss_fn, time_limit_s=args.time_limit,
                                   **profile_options(args))

@@ -63,9 +63,9 @@ def test_floor_table(factory):
 
 def test_solve_without_budget_or_floor_says_which(factory):
     code, _, err = run(["solve", f"{factory}:small"])
-    assert code != 0 and "--budget" in err and "--floor" in err
+    assert code == 2 and "--budget" in err and "--floor" in err
 
 
 def test_floor_with_a_budget_is_refused(factory):
     code, _, err = run(["solve", f"{factory}:small", "--floor", "--budget", "50%"])
-    assert code != 0 and "not both" in err
+    assert code == 2 and "not allowed with" in err
