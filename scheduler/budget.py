@@ -220,7 +220,8 @@ def _floor_error(floor: Any, solver: str, budget_bytes: int, headroom: float,
     need = _before_headroom(floor.bytes, headroom)
     low = _before_headroom(floor.lower_bound_bytes, headroom)
     message = (f"budget {format_bytes(budget_bytes)} ({budget_bytes} bytes) is infeasible for "
-               f"solver {solver!r}: {floor.describe(need, low)}; use budget={need} or more")
+               f"solver {solver!r}: {floor.describe(need, low)}; use budget={need} or more (the "
+               "smallest feasible budget over every schedule found)")
     if headroom:
         message += f" (with headroom {headroom:.0%})"
     message += percent_hint(budget, budget_bytes)
