@@ -15,7 +15,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import DATA_DIR, SMALL
 
 import scheduler

@@ -71,10 +71,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_measured(schedule: Any, measured: Any) -> None:
     """Predicted, measured and their ratio for peak memory and step time, and the budget."""
-    from scheduler.measurement.step import over_budget_warning
-
     from rich.console import Console
     from rich.table import Table
+
+    from scheduler.measurement.step import over_budget_warning
 
     predicted = schedule.estimate or {}
     table = Table(title=f"{schedule.solver or 'schedule'} ({schedule.status or 'no status'}), "

@@ -46,7 +46,7 @@ from ..cost.simulate import simulate
 from ..cost.static import Static
 from ..ir.graph import CostGraph
 from ..ir.schedule import Schedule
-from ..units import format_bytes
+from ..units import check_time_limit, format_bytes
 from .base import (
     FEASIBLE,
     OPTIMAL,
@@ -222,8 +222,8 @@ def _cpsat_offer(graph: CostGraph, *, time_limit_s: float | None,
     deadline = None if time_limit_s is None else time.perf_counter() + time_limit_s
     points = unit_points(graph, config=config)
     try:
-        model = CpsatModel(graph, points, None, deadline=deadline, probe_until=None
-                           if deadline is None else time.perf_counter() + 0.3 * time_limit_s)
+        probe_until = None if deadline is None else time.perf_counter() + 0.3 * time_limit_s
+        model = CpsatModel(graph, points, None, deadline=deadline, probe_until=probe_until)
     except TimeoutError:
         return None
     best: tuple[int, Schedule] | None = None
@@ -261,10 +261,7 @@ def floor(graph: CostGraph, *, time_limit_s: float | None = 30.0,
     Raises:
         ValueError: ``time_limit_s`` is not None or a finite number > 0.
     """
-    if time_limit_s is not None and not (isinstance(time_limit_s, (int, float))
-                                         and math.isfinite(time_limit_s) and time_limit_s > 0):
-        raise ValueError(f"time_limit_s must be None or a finite number of seconds > 0, got "
-                         f"{time_limit_s!r}")
+    time_limit_s = check_time_limit(time_limit_s)
     config = config or SolverConfig()
     cache = graph_cache(graph, "floor")
     key = (time_limit_s, config)

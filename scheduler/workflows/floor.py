@@ -15,7 +15,8 @@ import torch.nn as nn
 from ..capture.profile import check_profile_options, profile_step
 from ..ir.graph import CostGraph
 from ..solvers.config import SolverConfig
-from ..solvers.floor import Floor, floor as graph_floor
+from ..solvers.floor import Floor
+from ..solvers.floor import floor as graph_floor
 from ..units import check_time_limit
 
 __all__ = ["Floor", "floor"]

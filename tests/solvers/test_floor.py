@@ -8,7 +8,7 @@ import random
 
 import pytest
 from _chain import chain
-from conftest import RECORDED_GRAPHS, budget_bytes
+from conftest import RECORDED_GRAPHS
 
 import scheduler
 from scheduler.budget import InfeasibleBudgetError
@@ -97,10 +97,10 @@ def test_the_message_says_proven_or_the_interval():
         solve_graph(g, 1, time_limit_s=LIMIT_S)
     e = info.value
     if e.status == OPTIMAL:
-        assert f"the smallest budget that fits is" in str(e) and "(proven over" in str(e)
+        assert "the smallest budget that fits is" in str(e) and "(proven over" in str(e)
         assert e.lower_bound_bytes == e.min_feasible_bytes
     else:
-        assert f"a schedule fits" in str(e) and f"no schedule fits below" in str(e)
+        assert "a schedule fits" in str(e) and "no schedule fits below" in str(e)
         assert "between them: unknown, give more time" in str(e)
     assert str(e.min_feasible_bytes) in str(e) and str(e.lower_bound_bytes) in str(e)
 
@@ -132,7 +132,7 @@ def test_a_registered_offer_feeds_the_floor():
         assert f.bytes <= min(before, simulate(g, best).peak_bytes)
     finally:
         from scheduler.solvers import base
-        base._LEAST_PEAK.pop("test_offer")  # noqa: SLF001 (the test's own registration)
+        base._LEAST_PEAK.pop("test_offer")  # (the test's own registration)
     assert "test_offer" not in least_peak_offers()
 
 
