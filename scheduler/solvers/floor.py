@@ -196,7 +196,7 @@ def dp_cuts(graph: CostGraph, seconds: float | None, *, most: int = 40) -> int:
     if seconds is None:
         return most
     static = Static.of(graph)
-    per_sim = 2e-7 * (len(static.fwd_flat) + len(static.stor) + 4 * static.n_steps) + 1e-4
+    per_sim = 8e-7 * (len(static.fwd_flat) + len(static.stor) + 4 * static.n_steps) + 1e-4
     per_pair = 4 * 3 * per_sim  # (region options, entry states)
     return max(2, min(most, int((2 * seconds / per_pair) ** 0.5)))
 
