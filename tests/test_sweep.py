@@ -105,6 +105,13 @@ def _sweep(name, build):
     top = scheduler.simulate(graph, scheduler.Schedule.none(graph)).peak_bytes
     budgets = sorted({least.bytes + (top - least.bytes) * i // (N_BUDGETS - 1)
                       for i in range(N_BUDGETS)})
+    # a byte below the floor names it again (or, where it is not proven, may fit)
+    try:
+        below = solve_graph(graph, least.bytes - 1, time_limit_s=FLOOR_LIMIT_S)
+    except InfeasibleBudgetError as e:
+        assert e.min_feasible_bytes == least.bytes, (name, e)
+    else:
+        assert least.status != "OPTIMAL" and below.estimate.peak_bytes < least.bytes, name
     over = []
     measured: dict = {}  # (a schedule solved at several budgets is measured once)
     for b in budgets:
