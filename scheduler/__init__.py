@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .workflows.advice import Advice
     from .workflows.advise import advise
     from .workflows.compare import Comparison, compare
+    from .workflows.floor import Floor, floor
     from .workflows.max_batch import MaxBatch, max_batch
 
 # The module each exported name comes from (the same as the imports above).
@@ -47,15 +48,16 @@ _SOURCES = {
     ".workflows.advice": ("Advice",),
     ".workflows.advise": ("advise",),
     ".workflows.compare": ("Comparison", "compare"),
+    ".workflows.floor": ("Floor", "floor"),
     ".workflows.max_batch": ("MaxBatch", "max_batch"),
 }
 _SOURCE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 
 __all__ = ["Advice", "Comparison", "CostGraph", "CostGraphError", "DeviceSpec", "Estimate",
-           "FakeProfileError", "InfeasibleBudgetError", "MaxBatch", "Measurement", "Plan",
-           "PlanForward", "Region", "RejectedInputsError", "Schedule", "ScheduleError",
-           "StepBreakdown", "TraceError", "advise", "apply", "compare", "max_batch", "measure",
-           "measure_training_step", "parse_budget", "planned", "profile", "simulate", "solve",
+           "FakeProfileError", "Floor", "InfeasibleBudgetError", "MaxBatch", "Measurement",
+           "Plan", "PlanForward", "Region", "RejectedInputsError", "Schedule", "ScheduleError",
+           "StepBreakdown", "TraceError", "advise", "apply", "compare", "floor", "max_batch",
+           "measure", "measure_training_step", "parse_budget", "planned", "profile", "simulate", "solve",
            "solve_graph", "trace"]
 __version__ = "0.1.0"
 

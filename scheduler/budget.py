@@ -37,14 +37,27 @@ class InfeasibleBudgetError(ValueError):
 
     Attributes:
         budget_bytes: the budget asked for, in bytes.
-        min_feasible_bytes: the smallest budget known to be feasible: exact where the solver
-            proves it (``dp``, ``cpsat``), else the least predicted peak of any schedule tried.
+        min_feasible_bytes: the smallest budget known to be feasible (in the caller's terms,
+            before headroom): with ``auto``, the floor's (`solvers.floor.Floor.bytes`), which
+            solves when asked for; with another exact solver, the least peak over its space;
+            with a baseline, the least predicted peak of any baseline.
+        floor: with ``auto``, the `Floor` (its schedule, proven lower bound, status, space);
+            else None.
+        lower_bound_bytes: with ``auto``, the floor's proven lower bound (before headroom):
+            no schedule of ``floor.space`` fits below it; else None.
+        status: with ``auto``, the floor's status: ``OPTIMAL`` (``min_feasible_bytes`` is
+            the least that fits, proven) or ``FEASIBLE`` (between the two: unknown); else None.
     """
 
-    def __init__(self, message: str, *, budget_bytes: int, min_feasible_bytes: int) -> None:
+    def __init__(self, message: str, *, budget_bytes: int, min_feasible_bytes: int,
+                 floor: Any = None, lower_bound_bytes: int | None = None,
+                 status: str | None = None) -> None:
         super().__init__(message)
         self.budget_bytes = budget_bytes
         self.min_feasible_bytes = min_feasible_bytes
+        self.floor = floor
+        self.lower_bound_bytes = lower_bound_bytes
+        self.status = status
 
 
 def parse_budget(budget: int | float | str, unconstrained_peak_bytes: int) -> int:
@@ -149,6 +162,8 @@ def infeasible_error(graph: CostGraph, solver: str, result: SolveResult, budget_
                      headroom: float, budget: Any = None) -> InfeasibleBudgetError:
     """The error for an INFEASIBLE result, naming the smallest budget known to fit; with
     ``budget``, the budget as the user wrote it, it adds `percent_hint`'s question."""
+    if result.floor is not None:
+        return _floor_error(result.floor, solver, budget_bytes, headroom, budget)
     if result.min_feasible_bytes is not None:
         # the exact solvers (dp, cpsat) give the exact minimum over their schedule space
         min_peak, by, exact = result.min_feasible_bytes, solver, True
@@ -161,9 +176,7 @@ def infeasible_error(graph: CostGraph, solver: str, result: SolveResult, budget_
         by = min(peaks, key=lambda name: (peaks[name], name != solver))
         min_peak, exact = peaks[by], False
     # in the user's terms: the budget that leaves min_peak after the headroom
-    need = math.ceil(min_peak / (1 - headroom))
-    while int(need * (1 - headroom)) < min_peak:  # float rounding
-        need += 1
+    need = _before_headroom(min_peak, headroom)
     asked = f"{format_bytes(budget_bytes)} ({budget_bytes} bytes)"
     smallest = f"{format_bytes(need)} ({need} bytes)"
     if need <= budget_bytes:
@@ -187,3 +200,30 @@ def infeasible_error(graph: CostGraph, solver: str, result: SolveResult, budget_
         message += f" (with headroom {headroom:.0%})"
     message += percent_hint(budget, budget_bytes)
     return InfeasibleBudgetError(message, budget_bytes=budget_bytes, min_feasible_bytes=need)
+
+
+def _before_headroom(peak: int, headroom: float) -> int:
+    """The least budget that leaves ``peak`` after ``headroom`` (as `solve_graph` applies
+    it: ``int(budget * (1 - headroom))``)."""
+    need = math.ceil(peak / (1 - headroom))
+    while int(need * (1 - headroom)) < peak:  # float rounding
+        need += 1
+    while need > 1 and int((need - 1) * (1 - headroom)) >= peak:
+        need -= 1
+    return need
+
+
+def _floor_error(floor: Any, solver: str, budget_bytes: int, headroom: float,
+                 budget: Any) -> InfeasibleBudgetError:
+    """The error naming a `Floor`: proven (OPTIMAL), or a schedule that fits above a proven
+    bound with the gap between them unknown."""
+    need = _before_headroom(floor.bytes, headroom)
+    low = _before_headroom(floor.lower_bound_bytes, headroom)
+    message = (f"budget {format_bytes(budget_bytes)} ({budget_bytes} bytes) is infeasible for "
+               f"solver {solver!r}: {floor.describe(need, low)}; use budget={need} or more (the "
+               "smallest feasible budget over every schedule found)")
+    if headroom:
+        message += f" (with headroom {headroom:.0%})"
+    message += percent_hint(budget, budget_bytes)
+    return InfeasibleBudgetError(message, budget_bytes=budget_bytes, min_feasible_bytes=need,
+                                 floor=floor, lower_bound_bytes=low, status=floor.status)

@@ -74,6 +74,8 @@ def _print_measured(schedule: Any, measured: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from scheduler.measurement.step import over_budget_warning
+
     predicted = schedule.estimate or {}
     table = Table(title=f"{schedule.solver or 'schedule'} ({schedule.status or 'no status'}), "
                   f"measured on {measured.device}", title_justify="left")
@@ -91,5 +93,7 @@ def _print_measured(schedule: Any, measured: Any) -> None:
     row("step time", "step_s", measured.step_s, format_seconds)
     if schedule.budget_bytes:
         fits = "fits" if measured.peak_bytes <= schedule.budget_bytes else "EXCEEDS"
+        if over_budget_warning(schedule, measured.peak_bytes):
+            fits += " (a bug: please report it with this schedule file)"
         table.add_row("budget", format_bytes(schedule.budget_bytes), fits, "")
     Console().print(table)

@@ -20,7 +20,7 @@ from scheduler.cli.common import (
 from scheduler.cli.spec import load_factory
 from scheduler.units import format_bytes, format_seconds
 
-__all__ = ["add_parser", "print_plan", "run"]
+__all__ = ["add_parser", "print_floor", "print_plan", "run", "run_floor"]
 
 _EPILOG = """\
 examples:
@@ -28,6 +28,7 @@ examples:
   scheduler solve examples/mlp.py:build --budget 6GiB --solver greedy --quiet
   scheduler solve examples/mlp.py:build --budget 0.5 --solver uniform:4
   scheduler solve examples/gpt.py:build --budget 2GiB --mode fake --device cuda
+  scheduler solve examples/gpt.py:build --floor --json
 
 budgets: bytes ('6GiB', '512MB', '1.5e9', '1024') or a fraction of the unscheduled
 predicted peak ('60%', '0.6').
@@ -45,10 +46,20 @@ def add_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_spec(parser)
-    parser.add_argument(
-        "--budget", required=True, metavar="BUDGET",
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--budget", default=None, metavar="BUDGET",
         help="peak memory of one training step: '6GiB', '512MB', '1.5e9' bytes, or '60%%' / "
-        "'0.6' of the unscheduled predicted peak",
+        "'0.6' of the unscheduled predicted peak (required unless --floor)",
+    )
+    which.add_argument(
+        "--floor", action="store_true",
+        help="print the smallest budget that fits (the least peak of any schedule found), the "
+        "proven lower bound beside it, its status and space, instead of solving at a budget",
+    )
+    parser.add_argument(
+        "--json", action="store_true",
+        help="with --floor: print the floor as JSON",
     )
     parser.add_argument(
         "--solver", default="auto", metavar="NAME",
@@ -82,10 +93,14 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Profile and solve the model, save the plan's schedule, and print it unless --quiet."""
+    """Profile and solve the model, save the plan's schedule, and print it unless --quiet;
+    with --floor, print the floor instead."""
     from scheduler.budget import budget_spec
     from scheduler.plan import solve
     from scheduler.solvers import get_solver
+
+    if args.floor:
+        return run_floor(args)
 
     out: Path = args.out if args.out is not None else default_out(args.model_spec).with_suffix(
         ".schedule.json")
@@ -116,6 +131,47 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print_plan(plan, out)
     return EXIT_OK
+
+
+def run_floor(args: argparse.Namespace) -> int:
+    """``--floor``: profile the model and print its floor (table, or JSON with --json)."""
+    import json
+
+    from scheduler.workflows.floor import floor
+
+    model, inputs, loss_fn = load_factory(args.model_spec)
+    kwargs: dict[str, Any] = dict(loss_fn=loss_fn, time_limit_s=args.time_limit,
+                                  **profile_options(args))
+    if args.repeats is not None:
+        kwargs["repeats"] = args.repeats
+    found = floor(model, inputs, **kwargs)
+    if args.json:
+        print(json.dumps(found.to_dict(), indent=2))
+    elif not args.quiet:
+        print_floor(found)
+    return EXIT_OK
+
+
+def print_floor(found: Any) -> None:
+    """The floor as a table: the least peak found, the proven bounds, status and space."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Floor: the smallest budget that fits", show_header=False,
+                  title_justify="left")
+    table.add_column("quantity", style="bold")
+    table.add_column("value")
+    table.add_row("floor", f"{format_bytes(found.bytes)} ({found.bytes} bytes), a schedule "
+                  f"found by {found.by}")
+    table.add_row("proven bound", f"{format_bytes(found.lower_bound_bytes)} "
+                  f"({found.lower_bound_bytes} bytes) over {found.space}")
+    table.add_row("any schedule", f"{format_bytes(found.universal_bytes)} "
+                  f"({found.universal_bytes} bytes) at least")
+    proven = ("the floor is the least that fits (proven)" if found.status == "OPTIMAL" else
+              "between the bound and the floor: unknown, give more time")
+    table.add_row("status", f"{found.status}: {proven}")
+    table.add_row("solve time", format_seconds(found.solve_s))
+    Console().print(table)
 
 
 def print_plan(plan: Any, out: Path) -> None:

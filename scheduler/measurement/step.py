@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from collections.abc import Mapping
 from typing import Any, Callable, Sequence
@@ -20,7 +21,39 @@ from ..capture.fake import needs_fake
 from ..capture.trace import default_loss_recipe, preserved_state
 from .storage import StorageTracker, base_bytes, state_tensors
 
-__all__ = ["Measurement", "measure", "measure_in_turns"]
+__all__ = ["Measurement", "OverBudgetWarning", "measure", "measure_in_turns",
+           "over_budget_warning", "warn_if_over_budget"]
+
+
+class OverBudgetWarning(RuntimeWarning):
+    """A plan that the solver said fits its budget measured a peak above it: a bug in the
+    cost model or a solver, which we want reported with the saved schedule."""
+
+
+def over_budget_warning(schedule: Any, measured_peak_bytes: int,
+                        budget_bytes: int | None = None) -> str | None:
+    """The warning text when ``schedule`` (a `Schedule` whose status says it fits: OPTIMAL or
+    FEASIBLE) measured above its budget (``budget_bytes``, default the one stamped on it);
+    None when it did not, or when it claims nothing (a baseline's that missed)."""
+    budget = schedule.budget_bytes if budget_bytes is None else budget_bytes
+    if (not isinstance(budget, int) or schedule.status not in ("OPTIMAL", "FEASIBLE")
+            or measured_peak_bytes <= budget):
+        return None
+    predicted = (schedule.estimate or {}).get("peak_bytes")
+    return (f"a plan measured over its budget: measured peak {measured_peak_bytes} bytes > "
+            f"budget {budget} bytes (predicted {predicted} bytes; solver {schedule.solver!r}, "
+            f"{len(schedule.regions)} regions, {len(schedule.recompute_regions)} recomputed). "
+            "This is a bug in the cost model or the solver: please report it with the saved "
+            "schedule (plan.save('schedule.json')) and the profiled graph (graph.save)")
+
+
+def warn_if_over_budget(schedule: Any, measured_peak_bytes: int,
+                        budget_bytes: int | None = None, *, stacklevel: int = 3) -> bool:
+    """Warn `OverBudgetWarning` with `over_budget_warning`'s text, if any; whether it did."""
+    text = over_budget_warning(schedule, measured_peak_bytes, budget_bytes)
+    if text is not None:
+        warnings.warn(text, OverBudgetWarning, stacklevel=stacklevel)
+    return text is not None
 
 
 @dataclass(frozen=True)
@@ -67,6 +100,10 @@ def measure(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any]
     Returns:
         `Measurement`. On CPU the peak comes from `StorageTracker` (a separate, untimed step);
         on CUDA from ``torch.cuda.max_memory_allocated``.
+
+    Warns:
+        OverBudgetWarning: ``module`` is a plan's (it carries its schedule) whose schedule
+            said it fits its budget, and the measured peak exceeds that budget.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
@@ -136,6 +173,10 @@ def measure(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any]
             peak = tracker.peak_bytes
         for p in params:
             p.grad = None
+    schedule = getattr(module, "schedule", None) or getattr(
+        getattr(module, "forward", None), "schedule", None)
+    if schedule is not None and hasattr(schedule, "regions"):
+        warn_if_over_budget(schedule, int(peak))
     return Measurement(peak_bytes=int(peak), base_bytes=base,
                        step_s=statistics.median(times), step_s_all=tuple(times),
                        loss=float(loss), device=str(device),

@@ -7,7 +7,7 @@ Importing this package imports every solver family below, which registers its so
 `base`'s registry (so `get_solver` finds them whichever module was imported first).
 """
 
-from . import auto, blockdp, brute, cpsat, dp, heuristics, relax  # noqa: F401  (they register solvers)
+from . import auto, blockdp, brute, cpsat, dp, floor, heuristics, relax  # noqa: F401  (they register solvers)
 from .base import (
     FEASIBLE,
     INFEASIBLE,

@@ -7,13 +7,16 @@ is OPTIMAL (nothing in the full space does better). Otherwise it goes on with ``
 schedules), ``cpsat`` (exact over region schedules of general graphs, within the
 time limit) and, when something fits and there is a time limit, ``cpsat_fine`` (a finer space,
 for `SolverConfig.fine_share` of the limit, warm-started from the best so far), and returns
-the schedule with the least recompute time whose simulated peak fits.
+the schedule with the least recompute time whose simulated peak fits. Where nothing of that
+fits and blocks repeat, ``blocks_nested`` (two-level regions over the chain of blocks) tries
+the budget first.
 
 That answer is certified (`certify.certify`) with what is left of the limit, against the best
 of relax's bound and the one solved then: OPTIMAL only where the bound reaches the schedule's
 recompute time, else FEASIBLE with the gap to it (``space_optimal`` when it is proven optimal
-over the space in ``schedule.meta["space"]``). When nothing fits it reports INFEASIBLE with the
-least peak any of them reaches.
+over the space in ``schedule.meta["space"]``). When nothing fits it takes `floor.floor` (the same
+for every budget on the graph, time limit and config): its schedule where that fits, else
+INFEASIBLE carrying it (``floor``, ``min_feasible_bytes``).
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ import time
 from dataclasses import replace
 
 from ..ir.graph import CostGraph
-from .base import INFEASIBLE, OPTIMAL, SolveResult, get_solver, register
+from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, get_solver, register
 from .blockdp import blocks_of
 from .certify import certify
 from .config import SolverConfig
+from .floor import floor
 
 __all__ = ["BASELINES", "auto"]
 
@@ -114,7 +118,14 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
             best = replace(best, schedule=replace(
                 best.schedule, meta={**best.schedule.meta, "auto_skipped": skipped}))
         return replace(best, solve_s=time.perf_counter() - started)
-    peaks = [r.min_feasible_bytes for r in results if r.min_feasible_bytes is not None]
-    peaks += [r.estimate.peak_bytes for r in results if r.estimate is not None]
+    if blocked:  # below what one level reaches: two-level regions over the chain of blocks
+        nested = get_solver("blocks_nested")(graph, budget_bytes, config=config)
+        if nested.fits:
+            return replace(certify(graph, nested, config=config),
+                           solve_s=time.perf_counter() - started)
+    # nothing fits: the floor (the same for every budget on this graph and limit) decides
+    least = floor(graph, time_limit_s=time_limit_s, config=config)
+    if least.bytes <= budget_bytes:
+        return finish(graph, budget_bytes, least.schedule, solver="auto", started=started)
     return replace(results[0], solve_s=time.perf_counter() - started,
-                   min_feasible_bytes=min(peaks) if peaks else None)
+                   min_feasible_bytes=least.bytes, floor=least)

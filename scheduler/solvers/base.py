@@ -37,7 +37,7 @@ from ..ir.schedule import Schedule
 
 __all__ = ["OPTIMAL", "FEASIBLE", "INFEASIBLE", "SolveResult", "Solver", "register",
            "get_solver", "available", "UnknownSolverError", "finish", "reaches", "above",
-           "relative_gap", "graph_cache"]
+           "relative_gap", "graph_cache", "offers_least_peak", "least_peak_offers"]
 
 OPTIMAL = "OPTIMAL"
 FEASIBLE = "FEASIBLE"
@@ -70,6 +70,8 @@ class SolveResult:
     space_bound_s: float | None = None
     certifiable: bool = False
     certified: bool = False
+    # with INFEASIBLE from `auto`: the `floor.Floor` (least peak found, its proven bound)
+    floor: Any = None
 
     @property
     def fits(self) -> bool:
@@ -98,6 +100,27 @@ def register(name: str, *, parametric: bool = False) -> Callable:
         return fn
 
     return deco
+
+
+_LEAST_PEAK: dict[str, Callable[..., Any]] = {}
+
+
+def offers_least_peak(name: str) -> Callable:
+    """Decorator: register ``fn(graph, *, time_limit_s, config) -> Schedule | list[Schedule] |
+    None``, the least-peak schedule(s) a solver family can find on a graph, under ``name``.
+    `floor.floor` takes its candidates from every one registered (in registration order)."""
+
+    def deco(fn: Callable) -> Callable:
+        _LEAST_PEAK[name] = fn
+        return fn
+
+    return deco
+
+
+def least_peak_offers() -> dict[str, Callable[..., Any]]:
+    """The registered least-peak offers (`offers_least_peak`), by name, in registration
+    order."""
+    return dict(_LEAST_PEAK)
 
 
 def available() -> list[str]:

@@ -40,8 +40,16 @@ import time
 import numpy as np
 
 from ..ir.graph import CostGraph
-from ..ir.schedule import KEEP
-from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, graph_cache, register
+from ..ir.schedule import KEEP, Schedule
+from .base import (
+    INFEASIBLE,
+    OPTIMAL,
+    SolveResult,
+    finish,
+    graph_cache,
+    offers_least_peak,
+    register,
+)
 from .blocks import Blocks, find_blocks
 from .blocktable import BlockTable, build_schedule
 from .config import SolverConfig
@@ -263,3 +271,22 @@ def nested_block_dp(graph: CostGraph, budget_bytes: int, *, time_limit_s: float 
     docstring)."""
     return _solve(graph, budget_bytes, solver="blocks_nested", nested=True,
                   max_span=max_span, fine=fine, config=config)
+
+
+@offers_least_peak("blocks")
+def _blocks_offer(graph: CostGraph, *, time_limit_s: float | None,
+                  config: SolverConfig) -> list[Schedule]:
+    """Where blocks repeat: the least-peak schedules of `block_dp`'s space and of
+    `nested_block_dp`'s (two levels), each solved at its space's floor (`floor_bytes`). The
+    time limit is not used (both are polynomial)."""
+    if not blocks_of(graph).repeats:
+        return []
+    found = []
+    fine = len(graph.compute_nodes) <= FINE_NODES
+    for solver, nested in (("blocks", False), ("blocks_nested", True)):
+        table = table_of(graph, save_top=config.save_top, nested=nested, fine=fine)
+        got = _solve(graph, floor_bytes(table), solver=solver, nested=nested,
+                     max_span=MAX_SPAN, fine=fine, config=config)
+        if got.schedule is not None:
+            found.append(got.schedule)
+    return found

@@ -11,6 +11,7 @@ measured too: it is the reference for measured overheads.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -28,7 +29,12 @@ from ..cost.simulate import simulate
 from ..files import check_destination, write_atomic
 from ..ir.graph import CostGraph
 from ..ir.schedule import Schedule
-from ..measurement.step import Measurement, measure_in_turns
+from ..measurement.step import (
+    Measurement,
+    OverBudgetWarning,
+    measure_in_turns,
+    warn_if_over_budget,
+)
 from ..plan import solve_graph
 from ..rewrite import rewrite
 from ..solvers.auto import BASELINES
@@ -200,6 +206,10 @@ def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
         A `Comparison`. A strategy whose schedule misses a budget is a row with
         ``fits_predicted=False`` (measured all the same when it has a schedule), not an error.
 
+    Warns:
+        OverBudgetWarning: a row whose schedule was predicted to fit measured over its
+            budget (a bug: the warning names budget, predicted and measured peaks).
+
     Raises:
         InfeasibleBudgetError: no schedule at all fits a budget (``auto`` proves it); the
             message names the smallest feasible budget.
@@ -252,14 +262,20 @@ def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
             none = Schedule.none(graph)
             todo = {_key(none): none, **distinct}  # the reference first
             step(total=1 + n_solves + repeats * len(todo))
-            measured = measure_in_turns(
-                {key: (rewrite(gm, schedule, model), inputs) for key, schedule in todo.items()},
-                repeats=repeats, step=step)
+            with warnings.catch_warnings():  # (said below, once per row that claimed to fit)
+                warnings.simplefilter("ignore", OverBudgetWarning)
+                measured = measure_in_turns(
+                    {key: (rewrite(gm, schedule, model), inputs)
+                     for key, schedule in todo.items()}, repeats=repeats, step=step)
             reference = measured[_key(none)]
 
     rows = [_row(s, budget, budget_bytes, r,
                  measured.get(_key(r.schedule)) if r.schedule else None, reference)
             for budget, budget_bytes, s, r in solved]
+    for row in rows:  # a plan that claimed to fit and measured over: a bug, said loudly
+        if row.schedule is not None and row.measured_peak_bytes is not None:
+            warn_if_over_budget(row.schedule, row.measured_peak_bytes, row.budget_bytes,
+                                stacklevel=2)
     return Comparison(rows=rows, model=type(model).__name__,
                       device=str(graph.meta.get("device", "cpu")),
                       unconstrained_peak_bytes=unconstrained, reference=reference, graph=graph)
