@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 import torch
 from torch.utils.checkpoint import CheckpointPolicy
 
@@ -76,8 +75,3 @@ def test_quick_race_writes_its_section_and_plot(tmp_path, monkeypatch) -> None:
     profiler, tracker = rows["none"][2], rows["none"][3]
     assert profiler == tracker
 
-
-@pytest.mark.slow
-def test_quick_race_with_compile(tmp_path) -> None:
-    """Compiles four graphs (about a minute each on a loaded 2-core CPU)."""
-    assert peers.main(["--quick", "--examples", "gpt", "--png", str(tmp_path / "p.png")]) == 0

@@ -146,7 +146,6 @@ def test_save_set_reaches_the_compiled_graph(gpt_plan: Any) -> None:
     graph's partitioner sees as MUST_SAVE; without one nothing is."""
     model, inputs, plan = gpt_plan
     graph = scheduler.profile(model, inputs, repeats=1)
-    names = graph.compute_nodes
     spans, at = [], 0
     for r in plan.schedule.regions:
         save = [n for n in r.nodes if r.recompute and ("c_fc" in n or "c_attn" in n)]

@@ -22,6 +22,7 @@ from scheduler.capture.trace import trace
 from scheduler.cost.simulate import simulate
 from scheduler.ir.schedule import KEEP, RECOMPUTE, Region, Schedule, ScheduleError
 from scheduler.rewrite import rewrite
+from scheduler.solvers.blockdp import floor_bytes, table_of
 from scheduler.solvers.brute_nested import brute_force_nested
 
 #: the bound tests/cost/test_simulate.py holds flat schedules to
@@ -228,5 +229,31 @@ def test_a_nested_plan_below_the_flat_floor_runs_within_its_budget() -> None:
     ref_model, ref_inputs = _tanh_chain(4)
     ref = run_step(ref_model, ref_inputs)
     got = run_step(module, inputs, module.forward.loss_fn)
+    assert torch.equal(got.loss, ref.loss)
+    assert all(torch.equal(got.grads[k], ref.grads[k]) for k in ref.grads)
+
+
+def test_solve_below_the_one_level_floor_gives_a_nested_plan_that_fits_and_computes_the_step(
+) -> None:
+    """The GPT example (dropout 0.1) at the nested block DP's floor, which is below what the
+    one-level block DP reaches: `scheduler.solve` (auto) answers a two-level plan; measured,
+    its peak is at most the budget, and its step is the unmodified model's bit for bit."""
+    from examples.gpt import build
+
+    def gpt() -> tuple[Any, Any]:
+        return build(batch=16, block_size=64, n_layer=8, n_head=2, n_embd=16, vocab_size=32)
+
+    model, inputs = gpt()
+    graph = scheduler.profile(model, inputs, repeats=1)
+    flat = floor_bytes(table_of(graph, fine=True))
+    nested = floor_bytes(table_of(graph, nested=True, fine=True))
+    assert nested < flat
+    plan = scheduler.solve(model, inputs, budget=nested, time_limit_s=10, repeats=1)
+    assert plan.schedule.depth == 2, plan.schedule.describe()
+    measured = scheduler.measure(plan.module, inputs, repeats=1, warmup=0).peak_bytes
+    assert measured <= nested
+    ref_model, ref_inputs = gpt()
+    ref = run_step(ref_model, ref_inputs)
+    got = run_step(plan.module, inputs, plan.module.forward.loss_fn)
     assert torch.equal(got.loss, ref.loss)
     assert all(torch.equal(got.grads[k], ref.grads[k]) for k in ref.grads)
