@@ -307,8 +307,8 @@ EDITS = {
                     r"'\w+' and the model '\w+'"),
     "repeat": (_repeat, r"schedule does not match the traced model: at node \d+"),
     "save_outside": (_save_outside, r"save-set node '\w+' is not in its region"),
-    "unknown_policy": (_policy, r"region policy 'offload' is not one of 'keep', 'recompute'"),
-    "old_version": (_old, r"version: this scheduler reads schedule version 1, the file has 0"),
+    "unknown_policy": (_policy, r"regions\[1\]\.policy: expected 'keep' or 'recompute', got 'offload'"),
+    "old_version": (_old, r"version: this scheduler reads schedule version 1 or 2, the file has 0"),
 }
 
 
