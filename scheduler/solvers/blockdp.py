@@ -271,6 +271,10 @@ def _solve(graph: CostGraph, budget_bytes: int, *, solver: str, nested: bool,
     # simulated on the graph itself: a pinned copy's peak only bounds it (`pinning`)
     result = finish(graph, budget_bytes, schedule, solver=solver, started=started)
     est = result.estimate
+    if pinned and fine and result.status == INFEASIBLE and not exact:
+        # pieces of blocks whose costs did not compose on the pinned copy: whole blocks
+        return _solve(graph, budget_bytes, solver=solver, nested=nested, max_span=max_span,
+                      fine=False, config=config)
     if not pinned and exact and est is not None and est.peak_bytes == composed and \
             abs(est.recompute_s - t) <= 1e-9 * max(t, 1e-12):
         result = finish(graph, budget_bytes, schedule, solver=solver, started=started,
