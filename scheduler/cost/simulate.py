@@ -168,7 +168,6 @@ class Simulator:
         phase_of.update(self.region_of)
         end = self.end_step
         dead: set[int] = set()  # freed in forward: by a recorded event or at its last use
-        loss_node = g.meta.get("loss_node")
         # step -> the frees after it, as `LiveBytes` events: (-bytes, owner)
         release: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for sid, b, producer, rdrs, loss_out, savers, before_mark in static.stor:
@@ -185,9 +184,7 @@ class Simulator:
                     f = frame_of.get(u)  # an input of another region, a recompute one
                     if f is not None and f > h:
                         h = f
-                    # (nodes outside the compute nodes but the loss, e.g. metadata
-                    # asserts, own nothing: ownership is accounting only, never a peak)
-                    if ph > pp and (first == pp or ph < first) and (ph < R or u == loss_node):
+                    if ph > pp and (first == pp or ph < first):
                         first = ph
             owner[sid] = first
             if producer in save_nodes:
