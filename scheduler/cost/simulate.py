@@ -168,6 +168,7 @@ class Simulator:
         phase_of.update(self.region_of)
         end = self.end_step
         dead: set[int] = set()  # freed in forward: by a recorded event or at its last use
+        last_inside = max((pos[x] for x in self.region_of), default=-1)
         # step -> the frees after it, as `LiveBytes` events: (-bytes, owner)
         release: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for sid, b, producer, rdrs, loss_out, savers, before_mark in static.stor:
@@ -184,7 +185,10 @@ class Simulator:
                     f = frame_of.get(u)  # an input of another region, a recompute one
                     if f is not None and f > h:
                         h = f
-                    if ph > pp and (first == pp or ph < first):
+                    # (a node outside the regions amid them, e.g. an export's metadata
+                    # assert, owns nothing: ownership is accounting only, never a peak)
+                    if ph > pp and (first == pp or ph < first) and (
+                            ph < R or pos[u] > last_inside):
                         first = ph
             owner[sid] = first
             if producer in save_nodes:
