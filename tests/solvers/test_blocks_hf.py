@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+from itertools import pairwise
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from scheduler.solvers.blockdp import blocks_of, route_of
 from scheduler.solvers.pinning import pin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "capture"))
-from _fake_cases import FAKE, example, llama  # noqa: E402
+from _fake_cases import FAKE, example, llama
 
 tf = pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -42,7 +43,7 @@ def _vit() -> tuple[torch.nn.Module, dict[str, Any]]:
     return tf.ViTForImageClassification(cfg).train(), {"pixel_values": pixels, "labels": labels}
 
 
-GPT2 = dict(batch=2, seq_len=64, n_layer=LAYERS, n_head=2, n_embd=32, vocab_size=64)
+GPT2 = {"batch": 2, "seq_len": 64, "n_layer": LAYERS, "n_head": 2, "n_embd": 32, "vocab_size": 64}
 MODELS = {
     "llama": llama(layers=LAYERS, seq=64),
     "llama_sdpa": llama(layers=LAYERS, seq=64, attn="sdpa"),
@@ -97,7 +98,7 @@ def _random_schedule(g: Any, rng: random.Random) -> Schedule:
     n = len(g.compute_nodes)
     points = sorted({0, n, *rng.sample(range(1, n), rng.randint(1, 12))})
     spans = []
-    for a, b in zip(points, points[1:]):
+    for a, b in pairwise(points):
         if rng.random() < 0.5:
             spans.append((a, b, KEEP))
         else:
