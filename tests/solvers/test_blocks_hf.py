@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 import random
-from itertools import pairwise
 import sys
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
