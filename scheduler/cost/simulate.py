@@ -168,6 +168,7 @@ class Simulator:
         phase_of.update(self.region_of)
         end = self.end_step
         dead: set[int] = set()  # freed in forward: by a recorded event or at its last use
+        last_inside = max((pos[x] for x in self.region_of), default=-1)
         # step -> the frees after it, as `LiveBytes` events: (-bytes, owner)
         release: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for sid, b, producer, rdrs, loss_out, savers, before_mark in static.stor:
@@ -184,7 +185,10 @@ class Simulator:
                     f = frame_of.get(u)  # an input of another region, a recompute one
                     if f is not None and f > h:
                         h = f
-                    if ph > pp and (first == pp or ph < first):
+                    # (a node outside the regions amid them, e.g. an export's metadata
+                    # assert, owns nothing: ownership is accounting only, never a peak)
+                    if ph > pp and (first == pp or ph < first) and (
+                            ph < R or pos[u] > last_inside):
                         first = ph
             owner[sid] = first
             if producer in save_nodes:
@@ -210,6 +214,14 @@ class Simulator:
         # timeline), allocations and the frees of storages nothing holds --------------------
         names, flat, at = static.names, static.fwd_flat, static.fwd_at
         phases = [phase_of[name] for name in names]
+        # nodes outside the regions but before the last region node (metadata asserts, index
+        # ops of an exported graph) count in the phase of the region before them (the first
+        # for those before it): the phase is accounting only, never a peak or a hold
+        inside = [i for i, name in enumerate(names) if name in self.region_of]
+        if inside:
+            for i in range(inside[-1]):
+                if names[i] not in self.region_of:
+                    phases[i] = phases[i - 1] if i > 0 and i > inside[0] else phases[inside[0]]
         start = 0
         for i in range(1, len(names) + 1):
             if i < len(names) and phases[i] == phases[start] and not keep_timeline:

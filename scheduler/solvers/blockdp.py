@@ -53,9 +53,10 @@ from .base import (
 from .blocks import Blocks, find_blocks
 from .blocktable import BlockTable, build_schedule
 from .config import SolverConfig
+from .pinning import Pinned, pinned_of
 
 __all__ = ["FINE_NODES", "MAX_SPAN", "block_dp", "blocks_of", "floor_bytes", "nested_block_dp",
-           "search", "space_of", "table_of"]
+           "route_of", "search", "space_of", "table_of"]
 
 #: the longest recompute region of the space, in stages
 MAX_SPAN = 16
@@ -64,11 +65,33 @@ MAX_SPAN = 16
 FINE_NODES = 1500
 
 
+def route_of(graph: CostGraph) -> Pinned | None:
+    """How the block DP sees ``graph``: None when its own chain cuts give repeated blocks;
+    else its `pinning.Pinned` copy when that one's cuts do (the copy's blocks are cached
+    beside the copy); None when neither does. Cached beside the graph."""
+    cache = graph_cache(graph, "block route")
+    if "route" not in cache:
+        route = None
+        if not find_blocks(graph).repeats:
+            p = pinned_of(graph)
+            fixed = p.fixed
+            if find_blocks(p.graph, cuts=p.cuts, fixed=fixed).repeats:
+                route = p
+                done = graph_cache(p.graph, "blocks")
+                for fine in (False, True):
+                    done[fine] = find_blocks(p.graph, fine=fine, cuts=p.cuts, fixed=fixed)
+        cache["route"] = route
+    return cache["route"]
+
+
 def blocks_of(graph: CostGraph, *, fine: bool = False) -> Blocks:
-    """`find_blocks` of ``graph``, cached beside it."""
+    """`find_blocks` of ``graph`` (of its pinned copy where `route_of` says so), cached
+    beside it."""
     cache = graph_cache(graph, "blocks")
     if fine not in cache:
-        cache[fine] = find_blocks(graph, fine=fine)
+        route = route_of(graph)
+        cache[fine] = (find_blocks(graph, fine=fine) if route is None
+                       else blocks_of(route.graph, fine=fine))
     return cache[fine]
 
 
@@ -231,21 +254,30 @@ def _solve(graph: CostGraph, budget_bytes: int, *, solver: str, nested: bool,
     save_top = (config or SolverConfig()).save_top
     if fine is None:
         fine = len(graph.compute_nodes) <= FINE_NODES
-    table = table_of(graph, max_span=max_span, save_top=save_top, nested=nested, fine=fine)
+    route = route_of(graph)
+    pinned = route.names if route is not None else ()
+    work = route.graph if route is not None else graph  # the pinned copy, or the graph
+    table = table_of(work, max_span=max_span, save_top=save_top, nested=nested, fine=fine)
     found = search(table, budget_bytes)
-    if found is None:  # proven only where every entry composes exactly
-        proven = all(e.exact for e in table.entries.values())
+    if found is None:  # proven only where every entry composes exactly, on the graph itself
+        proven = not pinned and all(e.exact for e in table.entries.values())
         return finish(graph, budget_bytes, None, solver=solver, started=started,
                       status=INFEASIBLE,
                       min_feasible_bytes=floor_bytes(table) if proven else None)
     t, steps, composed, exact = found
-    schedule = build_schedule(graph, _merged(table, steps),
-                              meta={"space": space_of(graph, table, save_top, nested,
-                                                      fine),
-                                    "composed_peak_bytes": composed})
+    meta: dict[str, object] = {"space": space_of(work, table, save_top, nested, fine),
+                               "composed_peak_bytes": composed}
+    if pinned:
+        meta["pinned"] = ", ".join(pinned)
+    schedule = build_schedule(work, _merged(table, steps), meta=meta)
+    # simulated on the graph itself: a pinned copy's peak only bounds it (`pinning`)
     result = finish(graph, budget_bytes, schedule, solver=solver, started=started)
     est = result.estimate
-    if exact and est is not None and est.peak_bytes == composed and \
+    if pinned and fine and result.status == INFEASIBLE and not exact:
+        # pieces of blocks whose costs did not compose on the pinned copy: whole blocks
+        return _solve(graph, budget_bytes, solver=solver, nested=nested, max_span=max_span,
+                      fine=False, config=config)
+    if not pinned and exact and est is not None and est.peak_bytes == composed and \
             abs(est.recompute_s - t) <= 1e-9 * max(t, 1e-12):
         result = finish(graph, budget_bytes, schedule, solver=solver, started=started,
                         status=OPTIMAL, lower_bound_s=t)
@@ -283,8 +315,10 @@ def _blocks_offer(graph: CostGraph, *, time_limit_s: float | None,
         return []
     found = []
     fine = len(graph.compute_nodes) <= FINE_NODES
+    route = route_of(graph)
+    work = route.graph if route is not None else graph  # (as `_solve` solves it)
     for solver, nested in (("blocks", False), ("blocks_nested", True)):
-        table = table_of(graph, save_top=config.save_top, nested=nested, fine=fine)
+        table = table_of(work, save_top=config.save_top, nested=nested, fine=fine)
         got = _solve(graph, floor_bytes(table), solver=solver, nested=nested,
                      max_span=MAX_SPAN, fine=fine, config=config)
         if got.schedule is not None:

@@ -108,15 +108,19 @@ def _normal(text: str) -> str:
     return _DIGITS.sub("#", text)
 
 
-def stage_signature(graph: CostGraph, start: int, stop: int) -> str:
+def stage_signature(graph: CostGraph, start: int, stop: int,
+                    fixed: frozenset[str] = frozenset()) -> str:
     """The exact structural hash of compute nodes ``[start, stop)`` (see the module
-    docstring): equal for stages the simulator cannot tell apart but by their times."""
+    docstring): equal for stages the simulator cannot tell apart but by their times.
+    ``fixed``: nodes that, outside the stage, are named as themselves, not by position (the
+    producers of storages `pinning` holds to the end in every schedule, which every block
+    reads)."""
     names = graph.compute_nodes[start:stop]
     first = graph.index(names[0])
     inside = set(names)
 
-    def rel(name: str) -> int:
-        return graph.index(name) - first
+    def rel(name: str) -> object:
+        return name if name in fixed and name not in inside else graph.index(name) - first
 
     def source(src: str) -> object:
         if src.startswith(("param:", "buffer:", "input:")):
@@ -172,15 +176,17 @@ def _periodic(sigs: list[str]) -> tuple[int, int, int] | None:
     return best
 
 
-def find_blocks(graph: CostGraph, *, fine: bool = False) -> Blocks:
+def find_blocks(graph: CostGraph, *, fine: bool = False,
+                cuts: list[int] | None = None, fixed: frozenset[str] = frozenset()) -> Blocks:
     """The prefix, the chain of blocks (each with its kind) and the suffix of ``graph`` (see
     the module docstring). A graph with no repeating structure is one chain of blocks of
     distinct kinds (``Blocks.repeats`` is False). ``fine``: each block cut further at the
     chain cuts inside it (e.g. a transformer block's attention and MLP halves), each piece a
-    stage with its own kind."""
+    stage with its own kind. ``cuts``: the chain cuts to use (default `dp.chain_cuts`; the
+    pinned graphs of `pinning` give theirs); ``fixed``: see `stage_signature`."""
     names = graph.compute_nodes
     n = len(names)
-    pts = [0, *chain_cuts(graph), n]
+    pts = [0, *(chain_cuts(graph) if cuts is None else cuts), n]
     labels = [graph.node(x).block for x in names]
     bounds = [c for c in pts[1:-1] if labels[c] != labels[c - 1]]
     spans = list(zip([0, *bounds], [*bounds, n]))
@@ -192,7 +198,7 @@ def find_blocks(graph: CostGraph, *, fine: bool = False) -> Blocks:
                  if lo <= a and b <= hi]
     else:
         pieces = _pairs(pts)
-        found = _periodic([stage_signature(graph, a, b) for a, b in pieces])
+        found = _periodic([stage_signature(graph, a, b, fixed) for a, b in pieces])
         if found is None:
             roles = [(a, b, BLOCK) for a, b in pieces]
             lo, hi = 0, n
@@ -207,19 +213,20 @@ def find_blocks(graph: CostGraph, *, fine: bool = False) -> Blocks:
                  for x, y in _pairs([a, *sorted(c for c in inside if a < c < b), b])]
     stages = ([(0, lo, PREFIX)] if lo > 0 else []) + roles + \
         ([(hi, n, SUFFIX)] if hi < n else [])
-    return Blocks(_kinds(graph, stages), hinted)
+    return Blocks(_kinds(graph, stages, fixed), hinted)
 
 
 def _pairs(points: list[int]) -> list[tuple[int, int]]:
     return list(pairwise(points))
 
 
-def _kinds(graph: CostGraph, stages: list[tuple[int, int, str]]) -> tuple[Stage, ...]:
+def _kinds(graph: CostGraph, stages: list[tuple[int, int, str]],
+           fixed: frozenset[str]) -> tuple[Stage, ...]:
     """Stages with kinds: blocks by signature, split where a time leaves the tolerance;
     every other stage a kind of its own."""
     groups: dict[str, list[int]] = {}
     for i, (a, b, role) in enumerate(stages):
-        key = stage_signature(graph, a, b) if role == BLOCK else f"{role}:{i}"
+        key = stage_signature(graph, a, b, fixed) if role == BLOCK else f"{role}:{i}"
         groups.setdefault(key, []).append(i)
     kind = [0] * len(stages)
     next_kind = 0
