@@ -9,9 +9,10 @@ the block space, not certified against the full space), the space, the predicted
 time of ``blocks``, ``every_block`` and ``sqrt`` (``-`` where it does not fit), and the floor
 as a fraction of the unscheduled peak.
 
-The Llama-style model is written here in plain PyTorch (RMSNorm, SwiGLU, no rotary): Hugging
-Face's Llama passes the attention mask and rotary tables to every layer, so its layer
-boundaries are not chain cuts and the block DP does not apply to it.
+The Llama-style model is written here in plain PyTorch (RMSNorm, SwiGLU, no rotary), so that
+96 layers profile quickly; Hugging Face's Llama, which passes the attention mask and rotary
+tables to every layer, is solved on a pinned copy (`solvers.pinning`; tests/solvers/
+test_blocks_hf.py).
 
 ``--quick`` runs 12 and 24 layers only. ``--floors`` prints instead, for the GPT example at
 8 layers (width 256, batch 8, sequence 256) and a ViT-like model, the least peak over the
