@@ -3,16 +3,14 @@ JSON, without a budget; and the budget it names solves."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from scheduler import cli
 from scheduler.ir.schedule import Schedule
+from tests._cli import run
 
 FACTORY = """
 from examples.mlp import build as _build
@@ -27,13 +25,6 @@ def factory(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("factory") / "models.py"
     path.write_text(textwrap.dedent(FACTORY))
     return path
-
-
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_floor_json_names_a_budget_that_solves(factory, tmp_path):
