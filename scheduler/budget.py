@@ -196,10 +196,15 @@ def infeasible_error(graph: CostGraph, solver: str, result: SolveResult, budget_
         message = (f"budget {asked} is infeasible for solver {solver!r}: the smallest budget "
                    f"any schedule tried fits is {smallest} ({by!r}); use budget={need} or more, "
                    "or an exact solver ('auto'), which finds the true minimum")
+    return InfeasibleBudgetError(_in_terms(message, headroom, budget, budget_bytes),
+                                 budget_bytes=budget_bytes, min_feasible_bytes=need)
+
+
+def _in_terms(message: str, headroom: float, budget: Any, budget_bytes: int) -> str:
+    """``message`` with the headroom it was computed with and `percent_hint`'s question."""
     if headroom:
         message += f" (with headroom {headroom:.0%})"
-    message += percent_hint(budget, budget_bytes)
-    return InfeasibleBudgetError(message, budget_bytes=budget_bytes, min_feasible_bytes=need)
+    return message + percent_hint(budget, budget_bytes)
 
 
 def _before_headroom(peak: int, headroom: float) -> int:
@@ -222,8 +227,6 @@ def _floor_error(floor: Any, solver: str, budget_bytes: int, headroom: float,
     message = (f"budget {format_bytes(budget_bytes)} ({budget_bytes} bytes) is infeasible for "
                f"solver {solver!r}: {floor.describe(need, low)}; use budget={need} or more (the "
                "smallest feasible budget over every schedule found)")
-    if headroom:
-        message += f" (with headroom {headroom:.0%})"
-    message += percent_hint(budget, budget_bytes)
-    return InfeasibleBudgetError(message, budget_bytes=budget_bytes, min_feasible_bytes=need,
+    return InfeasibleBudgetError(_in_terms(message, headroom, budget, budget_bytes),
+                                 budget_bytes=budget_bytes, min_feasible_bytes=need,
                                  floor=floor, lower_bound_bytes=low, status=floor.status)

@@ -30,6 +30,7 @@ from .blockdp import blocks_of
 from .certify import certify
 from .config import SolverConfig
 from .floor import floor
+from .heuristics import BASELINES
 
 __all__ = ["BASELINES", "auto"]
 
@@ -39,9 +40,6 @@ DEEP_NODES = 2000
 #: baselines that take longer than the block DP on deep graphs (12-20 s at 3,275 nodes): not
 #: run there when blocks repeat and there is a time limit
 SLOW_BASELINES = ("knapsack",)
-
-#: baselines auto also tries, by name
-BASELINES = ("every_block", "sqrt", "uniform:2", "uniform:4", "greedy", "knapsack")
 
 
 @register("auto")

@@ -248,15 +248,20 @@ def _merged(table: BlockTable, steps: list[tuple[int, int, int]]) -> list[tuple]
     return [tuple(x) for x in out]
 
 
+def _work_of(graph: CostGraph) -> tuple[CostGraph, tuple[str, ...]]:
+    """The graph the block DP solves for ``graph`` (its pinned copy where `route_of` says
+    so, else itself) and the producers pinned there."""
+    route = route_of(graph)
+    return (graph, ()) if route is None else (route.graph, tuple(route.names))
+
+
 def _solve(graph: CostGraph, budget_bytes: int, *, solver: str, nested: bool,
            max_span: int, fine: bool | None, config: SolverConfig | None) -> SolveResult:
     started = time.perf_counter()
     save_top = (config or SolverConfig()).save_top
     if fine is None:
         fine = len(graph.compute_nodes) <= FINE_NODES
-    route = route_of(graph)
-    pinned = route.names if route is not None else ()
-    work = route.graph if route is not None else graph  # the pinned copy, or the graph
+    work, pinned = _work_of(graph)
     table = table_of(work, max_span=max_span, save_top=save_top, nested=nested, fine=fine)
     found = search(table, budget_bytes)
     if found is None:  # proven only where every entry composes exactly, on the graph itself
@@ -315,8 +320,7 @@ def _blocks_offer(graph: CostGraph, *, time_limit_s: float | None,
         return []
     found = []
     fine = len(graph.compute_nodes) <= FINE_NODES
-    route = route_of(graph)
-    work = route.graph if route is not None else graph  # (as `_solve` solves it)
+    work, _ = _work_of(graph)
     for solver, nested in (("blocks", False), ("blocks_nested", True)):
         table = table_of(work, save_top=config.save_top, nested=nested, fine=fine)
         got = _solve(graph, floor_bytes(table), solver=solver, nested=nested,

@@ -60,6 +60,7 @@ from .config import SolverConfig
 from .cpsat import unit_points
 from .cpsat_model import CpsatModel
 from .dp import dp, min_feasible_bytes, table_for
+from .heuristics import BASELINES
 from .relax import relax_and_round
 
 __all__ = ["Floor", "ONE_LEVEL", "UNIVERSAL", "floor", "universal_bound"]
@@ -72,7 +73,7 @@ UNIVERSAL = "any schedule at all, nested regions included"
 
 #: the least-peak choices of the baselines (`greedy` and `knapsack` at a one-byte budget
 #: return their lowest-peak candidate)
-_BASELINES = ("none", "every_block", "sqrt", "uniform:2", "uniform:4", "greedy", "knapsack")
+_BASELINES = ("none", *BASELINES)
 #: share of the time limit that the offers get together (each a fixed part of it); the
 #: bisection with the relaxation gets the rest
 _OFFER_SHARE = 0.5

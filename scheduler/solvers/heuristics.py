@@ -28,8 +28,11 @@ from ..ir.graph import CostGraph
 from ..ir.schedule import KEEP, RECOMPUTE, Schedule
 from .base import SolveResult, UnknownSolverError, finish, register
 
-__all__ = ["no_checkpointing", "every_block", "sqrt_segments", "uniform", "greedy", "knapsack",
-           "saved_output_bytes"]
+__all__ = ["BASELINES", "no_checkpointing", "every_block", "sqrt_segments", "uniform", "greedy",
+           "knapsack", "saved_output_bytes"]
+
+#: the baselines `auto` also tries, by name (``none`` aside: it never helps a budget)
+BASELINES = ("every_block", "sqrt", "uniform:2", "uniform:4", "greedy", "knapsack")
 
 
 # -------------------------------------------------------------------------- the baselines
