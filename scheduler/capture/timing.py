@@ -17,11 +17,11 @@ import torch.nn as nn
 from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import (
     CheckpointPolicy,
-    checkpoint,
     create_selective_checkpoint_contexts,
 )
 
 from ..measurement.storage import sync_device
+from ..checkpointing import CheckpointRegion
 from .program import Program
 
 __all__ = ["GradFnIndex", "checkpoint_costs", "time_sac_forward", "time_steps"]
@@ -41,8 +41,8 @@ def checkpoint_costs(device: torch.device, *, rounds: int = 9) -> tuple[float, f
     Measured once a process for each device and number of torch threads (about 0.2 s; the
     first checkpoint of a process also pays PyTorch's one-time setup, about 1.5 s here).
 
-    Times chains of ``tanh`` on a small tensor (each op saves one tensor) as K checkpointed
-    calls of N ops each, beside the same ops without checkpoints and their forward alone, in
+    Times chains of ``tanh`` on a small tensor (each op saves one tensor) as K calls of the
+    executor's region module (`checkpointing.CheckpointRegion`) of N ops each, beside the same ops without checkpoints and their forward alone, in
     turns for ``rounds`` rounds (medians), and fits ``extra = K * call + K * N * saved`` by
     least squares over `_CALIBRATION` (both clamped at 0). Both are small but not negligible
     on CPU, where the pack and unpack hooks run in Python. Forward times of real ops do not enter: only the hooks' and
@@ -53,9 +53,23 @@ def checkpoint_costs(device: torch.device, *, rounds: int = 9) -> tuple[float, f
     return _COSTS[key]
 
 
+def _chain_region(n: int) -> CheckpointRegion:
+    """The region module the executor runs (`checkpointing.CheckpointRegion`), around a body
+    of ``n`` ``tanh`` ops built the way `executor` builds one."""
+    g = fx.Graph()
+    g.placeholder("scheduler_call")
+    g.placeholder("scheduler_attrs")
+    x = g.placeholder("x")
+    for _ in range(n):
+        x = g.call_function(torch.tanh, (x,))
+    g.output((x,))
+    return CheckpointRegion(fx.GraphModule({}, g, class_name="Calibration"), 1, False, (), ())
+
+
 def _fit_checkpoint_costs(device: torch.device, rounds: int) -> tuple[float, float]:
     # (no random numbers: the caller's RNG state is left as it was)
     x0 = torch.linspace(-1.0, 1.0, 256, device=device).reshape(16, 16).requires_grad_()
+    regions = {n: _chain_region(n) for n in {n for _, n in _CALIBRATION}}
 
     def chain(x: torch.Tensor, n: int) -> torch.Tensor:
         for _ in range(n):
@@ -72,7 +86,7 @@ def _fit_checkpoint_costs(device: torch.device, rounds: int) -> tuple[float, flo
     def checkpointed(k: int, n: int) -> None:
         x = x0
         for _ in range(k):
-            x = checkpoint(chain, x, n, use_reentrant=False, preserve_rng_state=True)
+            x = regions[n](x)[0]
         x.sum().backward()
 
     samples: dict[tuple[int, int], list[float]] = defaultdict(list)

@@ -1,0 +1,172 @@
+"""The module that runs one recompute region: `CheckpointRegion` calls the region's nodes (an
+``fx.GraphModule`` body) under ``torch.utils.checkpoint.checkpoint(use_reentrant=False,
+preserve_rng_state=True)``, with `save_policy` as the selective-checkpoint policy of a region
+with a save set. `executor.generate` builds the bodies; `capture.timing.checkpoint_costs` times
+this same module, so that what a checkpoint costs is measured on the code that runs.
+
+Eager-only bookkeeping, skipped when ``torch.compiler.is_compiling()``: after a save-set node
+(`run_saved`) the replay resets the RNG to where forward left it (the replay skips the node, so
+it draws no random numbers there, and a later dropout must draw forward's mask); buffers a
+region mutates (BatchNorm running statistics) are restored after its replay, so they are updated
+once per step.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.fx import traceback as fx_traceback
+from torch.utils import _python_dispatch
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+    get_device_states,
+    set_device_states,
+)
+
+__all__ = ["SAVE_KEY", "CheckpointRegion", "EagerCall", "run_saved", "run_saved_method",
+           "save_policy"]
+
+#: Key of the ``torch.fx.traceback`` annotation that marks a save-set node's ops.
+SAVE_KEY = "scheduler_save"
+
+
+# -- save sets -----------------------------------------------------------------------------
+class EagerCall:
+    """One eager forward of a region and its backward replay: which call this is, the
+    region's inputs, and the RNG state forward left after each save-set node."""
+
+    def __init__(self, vals: tuple[Any, ...]) -> None:
+        self.n = 0
+        self.vals = vals
+        self.rng: dict[str, tuple[Any, ...]] = {}
+
+
+def run_saved(call: EagerCall | None, key: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` with its ops marked for saving (``call`` None: compiled)."""
+    with fx_traceback.annotate({SAVE_KEY: True}):
+        out = fn(*args, **kwargs)
+    if call is not None:
+        if call.n > 1:
+            _set_rng(call.rng[key])
+        else:
+            call.rng[key] = _get_rng(call.vals)
+    return out
+
+
+def run_saved_method(call: EagerCall | None, key: str, name: str, obj: Any, /, *args: Any,
+                  **kwargs: Any) -> Any:
+    return run_saved(call, key, getattr(obj, name), *args, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _is_view(op: Any) -> bool:
+    """Whether an ATen op only returns aliases of its inputs without mutating them."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return False
+    return not schema.is_mutable and any(r.alias_info is not None for r in schema.returns)
+
+
+def save_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    """The selective-checkpoint policy of every region with a save set.
+
+    Ops of a save-set node that allocate their outputs are MUST_SAVE (cached in forward, not
+    run by the replay), and so are its in-place ops (dropout's ``bernoulli_`` mutates a tensor
+    it just allocated: replaying it on the cached tensor would apply it twice). Its pure view
+    ops are recomputed: caching a view would pin its base (often the node's input) until the
+    replay, and a view costs nothing to redo. Every op of other nodes is recomputed.
+    """
+    custom = fx_traceback.current_meta.get("custom")
+    if custom and custom.get(SAVE_KEY) and not _is_view(op):
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+_SAVE_CONTEXT = functools.partial(create_selective_checkpoint_contexts, save_policy,
+                                  allow_cache_entry_mutation=True)
+
+
+def _get_rng(vals: tuple[Any, ...]) -> tuple[Any, ...]:
+    # the states checkpoint(preserve_rng_state=True) itself stashes: CPU, and the devices of
+    # the region's tensor inputs once CUDA is initialised
+    with _python_dispatch._disable_current_modes():
+        devices = get_device_states(*vals) if torch.cuda.is_initialized() else ([], [])
+        return torch.get_rng_state(), *devices
+
+
+def _set_rng(state: tuple[Any, ...]) -> None:
+    cpu, devices, device_states = state
+    with _python_dispatch._disable_current_modes():
+        torch.set_rng_state(cpu)
+        set_device_states(devices, device_states)
+
+
+# -- the region module ---------------------------------------------------------------------
+class CheckpointRegion(nn.Module):
+    """A recompute region: called with its inputs and then its attributes, it runs
+    ``checkpoint(partial(body, call, attributes), *inputs)``.
+
+    Args:
+        body: an ``fx.GraphModule`` of the region's nodes, ``body(call, attributes, *inputs)``;
+            ``call`` is the eager call state (None when compiled).
+        n_inputs: how many of the values it is called with are inputs (the rest: attributes).
+        has_save: whether the region has a save set (then `save_policy` applies).
+        buffer_modules: the called submodules whose buffers the region may mutate.
+        buffer_args: positions, among the attributes, of those that are buffers.
+    """
+
+    def __init__(self, body: fx.GraphModule, n_inputs: int, has_save: bool,
+                 buffer_modules: tuple[nn.Module, ...], buffer_args: tuple[int, ...]):
+        super().__init__()
+        self.n_inputs = n_inputs
+        self.body = body
+        self.has_save = has_save
+        self.buffer_modules = buffer_modules  # (a tuple: the user's modules, not registered)
+        self.buffer_args = buffer_args
+
+    def forward(self, *vals: Any) -> tuple[Any, ...]:
+        # the attributes reach the body bound, not as checkpoint inputs: checkpoint would
+        # save those and refuse a buffer the region itself writes (a counter's ``add_``)
+        inputs, attrs = vals[:self.n_inputs], vals[self.n_inputs:]
+        # (compiled, checkpoint accepts only a context_fn of selective checkpointing)
+        kw = {"context_fn": _SAVE_CONTEXT} if self.has_save else {}
+        if torch.compiler.is_compiling():
+            return checkpoint(functools.partial(self.body, None, attrs), *inputs,
+                              use_reentrant=False, preserve_rng_state=True, **kw)
+        # (the call state keeps the inputs only for a save set's RNG states: a nested region's
+        # inputs must die when its parent's checkpoint lets go of them)
+        call = EagerCall(inputs if self.has_save else ())
+        return checkpoint(functools.partial(self._eager_body, call, attrs), *inputs,
+                          use_reentrant=False, preserve_rng_state=True, **kw)
+
+    def _eager_body(self, call: EagerCall, attrs: tuple[Any, ...], *inputs: Any
+                    ) -> tuple[Any, ...]:
+        call.n += 1
+        replay = call.n > 1
+        # (``forward``, not the module's call: fx's call wrapper walks and formats the
+        # traceback of every exception through it, and the replay ends by raising one when it
+        # has recomputed what backward needs: about 0.2 ms a replay on a CPU)
+        buffers = self._buffers_now(attrs) if replay else []
+        if not buffers:
+            return self.body.forward(call, attrs, *inputs)
+        # outside every dispatch mode: selective checkpointing expects the replay to run
+        # exactly the ops forward ran, and these copies are not part of the model
+        with _python_dispatch._disable_current_modes(), torch.no_grad():
+            saved = [b.clone() for b in buffers]
+        try:
+            return self.body.forward(call, attrs, *inputs)
+        finally:
+            with _python_dispatch._disable_current_modes(), torch.no_grad():
+                for b, s in zip(buffers, saved):
+                    b.copy_(s)
+
+    def _buffers_now(self, attrs: tuple[Any, ...]) -> list[torch.Tensor]:
+        bufs = {id(b): b for m in self.buffer_modules for b in m.buffers()}
+        bufs.update((id(attrs[i]), attrs[i]) for i in self.buffer_args)
+        return list(bufs.values())
