@@ -1,19 +1,21 @@
-"""Measured against predicted cost of the baseline schedules on the example models.
+"""Measured against predicted cost of the baselines and of our plans on the example models.
 
-For each example, the schedules ``none``, ``every_block`` (a recompute region per repeated
-block) and ``uniform:K`` (K equal recompute segments, K = 2 and 4) are rewritten and measured
-(`scheduler.measure`, median of ``--repeats`` steps), and the measured step time over the
-unscheduled step sits beside the simulator's predicted overhead, with predicted and measured
-peak bytes. Nothing is asserted: this is for eyes (and for spotting where the cost model is off).
+For each example, the schedules of `SCHEDULES` (``none``; the ``every_block``, ``sqrt``,
+``greedy`` and ``knapsack`` baselines; ``auto`` at 80%, 65% and 50% of the unscheduled peak)
+are applied and measured in ``--repeats`` interleaved rounds (`measure_in_turns`: each round
+times one step of every schedule), and the measured step time over the unscheduled step sits
+beside the predicted one (``simulate(graph, schedule).step_s`` over the unscheduled
+prediction), with the time error (predicted over measured, less 1) and the predicted and
+measured peak bytes. Nothing is asserted: this is for eyes (and for spotting where the cost
+model is off).
 
     python benchmarks/overhead.py --model gpt
     python benchmarks/overhead.py --model all --size small --repeats 3 --threads 1
     python benchmarks/overhead.py --model gpt --threads 1 --write
 
-"measured / none" is the median step time of the rewritten module over that of the
-unscheduled one (both measured here, the same way); "predicted overhead" is
-``simulate(graph, schedule).overhead``, the recompute time over the unscheduled step, so a
-schedule predicted at +35% should measure about 1.35x. With ``--write`` the tables also
+"measured / none" is the median step time of the applied plan over that of the unscheduled
+model (both measured here, in the same rounds); "predicted / none" is the predicted step over
+the predicted unscheduled step, so the two should agree. With ``--write`` the tables also
 replace the ``overhead`` section of ``docs/benchmarks.md`` (`_record.record`: with the date,
 the machine and this command line).
 """
@@ -52,60 +54,80 @@ def none(graph: Any) -> Any:
     return Schedule.none(graph)
 
 
-def every_block(graph: Any) -> Any:
-    """The ``every_block`` baseline's schedule: one recompute region per block."""
-    from scheduler.solvers import get_solver
+def baseline(name: str, fraction: float = 1.0) -> Callable[[Any], Any]:
+    """The baseline solver ``name`` at ``fraction`` of the unscheduled predicted peak."""
+    def make(graph: Any) -> Any:
+        from scheduler.solvers import get_solver
 
-    return get_solver("every_block")(graph, 1 << 62).schedule
-
-
-def uniform(graph: Any, k: int) -> Any:
-    """``k`` contiguous recompute regions of about equal node count, all recomputed (unlike
-    the ``uniform:K`` solver, which cuts blocks as ``checkpoint_sequential`` and keeps the
-    last segment)."""
-    from scheduler.ir.schedule import RECOMPUTE, Schedule
-
-    n = len(graph.compute_nodes)
-    k = min(k, n)
-    bounds = [round(i * n / k) for i in range(k + 1)]
-    return Schedule.from_regions(graph, [(a, b, RECOMPUTE) for a, b in zip(bounds, bounds[1:])],
-                                 solver=f"uniform:{k}")
+        return get_solver(name)(graph, int(unscheduled(graph).peak_bytes * fraction)).schedule
+    return make
 
 
+def solved(fraction: float) -> Callable[[Any], Any]:
+    """Our plan (``auto``, 10 s) at ``fraction`` of the unscheduled predicted peak."""
+    def make(graph: Any) -> Any:
+        import scheduler
+
+        return scheduler.solve_graph(graph, int(unscheduled(graph).peak_bytes * fraction),
+                                     time_limit_s=10).schedule
+    return make
+
+
+def unscheduled(graph: Any) -> Any:
+    from scheduler.cost.simulate import simulate
+
+    return simulate(graph, none(graph), timeline=False)
+
+
+#: the schedules of each example: no checkpointing, the baselines, and our plans; solved ones
+#: at fractions of the unscheduled peak
 SCHEDULES: dict[str, Callable[[Any], Any]] = {
     "none": none,
-    "every_block": every_block,
-    "uniform:2": lambda g: uniform(g, 2),
-    "uniform:4": lambda g: uniform(g, 4),
+    "every_block": baseline("every_block"),
+    "sqrt": baseline("sqrt"),
+    "greedy 70%": baseline("greedy", 0.7),
+    "knapsack 70%": baseline("knapsack", 0.7),
+    "auto 80%": solved(0.8),
+    "auto 65%": solved(0.65),
+    "auto 50%": solved(0.5),
 }
 
 
 def bench(name: str, *, size: str, repeats: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Profile ``name`` once, then measure and simulate every schedule in `SCHEDULES`."""
+    """Profile ``name`` once, then simulate every schedule in `SCHEDULES` and measure them in
+    ``repeats`` interleaved rounds (`measure_in_turns`: a burst of load slows all alike)."""
     import scheduler
-    from scheduler.capture.trace import trace
+    from scheduler.budget import InfeasibleBudgetError
     from scheduler.cost.simulate import simulate
-    from scheduler.rewrite import rewrite
+    from scheduler.measurement.step import measure_in_turns
 
     mod = importlib.import_module(f"examples.{name}")
     model, inputs = mod.build(**(SMALL[name] if size == "small" else {}))
     t0 = time.perf_counter()
     graph = scheduler.profile(model, inputs, repeats=repeats)
     profile_s = time.perf_counter() - t0
-    gm = trace(model, inputs)
-    rows = []
-    base_step_s = None
+    un = unscheduled(graph)
+    schedules, cases = {}, {}
     for label, make in SCHEDULES.items():
-        schedule = make(graph)
-        est = simulate(graph, schedule)
-        m = scheduler.measure(rewrite(gm, schedule, model), inputs, repeats=repeats)
-        if base_step_s is None:  # "none" comes first
-            base_step_s = m.step_s
+        try:
+            schedule = make(graph)
+        except InfeasibleBudgetError:
+            continue
+        if any(s == schedule for s in schedules.values()):
+            continue  # (the same schedule as an earlier row)
+        schedules[label] = schedule
+        cases[label] = (model if label == "none" else scheduler.apply(model, schedule, inputs),
+                        inputs)
+    measured = measure_in_turns(cases, repeats=repeats)
+    rows = []
+    for label, schedule in schedules.items():
+        est, m = simulate(graph, schedule, timeline=False), measured[label]
+        ratio = m.step_s / measured["none"].step_s
         rows.append(dict(schedule=label, regions=len(schedule.regions),
                          recomputed=len(schedule.recompute_regions),
-                         measured_step_s=m.step_s, ratio=m.step_s / base_step_s,
-                         predicted_overhead=est.overhead, predicted_peak=est.peak_bytes,
-                         measured_peak=m.peak_bytes))
+                         measured_step_s=m.step_s, ratio=ratio,
+                         predicted_ratio=est.step_s / un.step_s,
+                         predicted_peak=est.peak_bytes, measured_peak=m.peak_bytes))
     info = dict(nodes=len(graph.compute_nodes), tracer=graph.meta.get("tracer", "?"),
                 profile_s=profile_s, device=graph.meta.get("device", "?"),
                 inputs=graph.meta.get("inputs", ""))
@@ -123,14 +145,17 @@ def make_table(name: str, rows: list[dict[str, Any]], info: dict[str, Any]) -> A
                         f"{info['inputs']}, {info['device']}, {torch.get_num_threads()} "
                         f"threads, profiled in {info['profile_s']:.1f} s", title_justify="left")
     for col in ("schedule", "regions (recomputed)", "step", "measured / none",
-                "predicted overhead", "predicted peak", "measured peak", "peak error"):
+                "predicted / none", "time error", "predicted peak", "measured peak",
+                "peak error"):
         table.add_column(col, justify="left" if col == "schedule" else "right")
     for r in rows:
         err = r["predicted_peak"] / r["measured_peak"] - 1 if r["measured_peak"] else float("nan")
         table.add_row(r["schedule"], f"{r['regions']} ({r['recomputed']})",
-                      format_seconds(r["measured_step_s"]), f"{r['ratio']:.2f}x",
-                      f"+{r['predicted_overhead']:.1%}", format_bytes(r["predicted_peak"]),
-                      format_bytes(r["measured_peak"]), f"{err:+.1%}")
+                      format_seconds(r["measured_step_s"]), f"{r['ratio']:.3f}x",
+                      f"{r['predicted_ratio']:.3f}x",
+                      f"{r['predicted_ratio'] / r['ratio'] - 1:+.1%}",
+                      format_bytes(r["predicted_peak"]), format_bytes(r["measured_peak"]),
+                      f"{err:+.1%}")
     return table
 
 

@@ -19,7 +19,8 @@ training steps, all on one torch thread:
   them, run eagerly and under ``torch.compile(plan.module)``; and, eagerly, at the measured
   peaks of ``every_block``, ``sqrt`` and ``selective AC`` (budgets within 1% of each other
   merged into the lower). A plan whose eager peak measures above its budget is solved again
-  at the budget less the excess (`our_plan`).
+  at the budget less the excess (`our_plan`), and so is a compiled plan whose compiled peak
+  does (`our_compiled_plan`).
 
 Step times are medians over ``--rounds`` interleaved rounds (each round runs every variant
 once) and are given over ``none``'s. Every variant's peak is measured the same way, from the
@@ -142,6 +143,33 @@ def our_plan(graph: Any, model: Any, inputs: tuple[Any, ...], budget: int, *,
     return v
 
 
+def our_compiled_plan(graph: Any, model: Any, inputs: tuple[Any, ...], budget: int,
+                      eager: Variant, *, time_limit_s: float, predicted: Any) -> Variant | None:
+    """``torch.compile`` of our plan whose compiled peak, measured by the profiler's memory
+    events, is at most ``budget``: the eager plan ``eager`` compiled, and where inductor's
+    own buffers take it above (the cost model predicts the eager step, not inductor's), a
+    plan solved at ``budget`` less the compiled excess, compiled again, up to `RESOLVE` times.
+    None when no schedule fits; the last try when none of them measures within ``budget``."""
+    target, plan, c = budget, eager, None
+    for attempt in range(RESOLVE + 1):
+        c = Variant(f"{eager.name} compiled", "ours compiled", None, inputs,  # type: ignore
+                    compiled=True, budget_bytes=budget, predicted=plan.predicted,
+                    note="solved again below the budget, compiled" if attempt else "")
+        c.module = compiled(plan.module, None, c.graphs)
+        c.step()
+        c.peaks = peaks(c)
+        if c.peaks[0] <= budget:
+            break
+        target -= c.peaks[0] - budget
+        try:
+            result = scheduler.solve_graph(graph, target, time_limit_s=time_limit_s)
+        except InfeasibleBudgetError:
+            break
+        plan = Variant(eager.name, "ours", scheduler.apply(model, result.schedule, inputs),
+                       inputs, budget_bytes=budget, predicted=predicted(result.schedule))
+    return c
+
+
 def race(key: str, *, quick: bool, compile_budgets: tuple[float, ...], rounds: int,
          time_limit_s: float, compile_plans: bool) -> dict[str, Any]:
     """Build, measure and time every variant of one example; returns its rows."""
@@ -197,13 +225,11 @@ def race(key: str, *, quick: bool, compile_budgets: tuple[float, ...], rounds: i
             continue
         variants.append(ours)
         if compile_plans and with_compiled:
-            c = Variant(f"{ours.name} compiled", "ours compiled", None, inputs,  # type: ignore
-                        compiled=True, budget_bytes=budget, predicted=ours.predicted)
-            c.module = compiled(ours.module, None, c.graphs)
             say(f"{label}: compiling {ours.name}")
-            c.step()
-            c.peaks = peaks(c)
-            variants.append(c)
+            c = our_compiled_plan(graph, model, inputs, budget, ours,
+                                  time_limit_s=time_limit_s, predicted=predicted)
+            if c is not None:
+                variants.append(c)
     say(f"{label}: timing {len(variants)} variants")
     times = time_rounds(variants, rounds, say)
     base = statistics.median(times[0])  # (none's)
