@@ -9,7 +9,7 @@
 * `Variant`: a name, a module and its inputs, and one training step; `time_rounds` times them in
   interleaved rounds; `peaks` measures each one's peak with the profiler's memory events
   (`compiled_peak`, which sees inductor's allocations) and, for eager ones, with the storage
-  tracker (`scheduler.measure`) as well.
+  tracker (`scheduler.measure`) as well; on CUDA with ``torch.cuda.max_memory_allocated``.
 
 A script helper, not part of the package: imported with ``benchmarks/`` on ``sys.path``.
 """
@@ -37,7 +37,7 @@ import scheduler
 from scheduler.capture.trace import default_loss_recipe
 from scheduler.measurement.compiled import compiled_peak
 
-__all__ = ["Variant", "block_paths", "compiled", "peaks", "time_rounds", "titan_policy",
+__all__ = ["Variant", "block_paths", "compiled", "device_of", "peaks", "time_rounds", "titan_policy",
            "titan_save_ops", "wrap_blocks"]
 
 
@@ -161,15 +161,33 @@ def time_rounds(variants: list[Variant], rounds: int,
     for r in range(rounds):
         progress(f"timing round {r + 1}/{rounds}")
         for i, v in enumerate(variants):
+            sync = torch.cuda.synchronize if device_of(v.module).type == "cuda" else None
+            if sync:
+                sync()
             t0 = time.perf_counter()
             v.step()
+            if sync:
+                sync()
             times[i].append(time.perf_counter() - t0)
     return times
 
 
+def device_of(module: nn.Module) -> torch.device:
+    """The device of ``module``'s first parameter (the CPU without parameters)."""
+    return next((p.device for p in module.parameters()), torch.device("cpu"))
+
+
 def peaks(v: Variant) -> tuple[int, int | None]:
     """(peak from the profiler's memory events, peak from the storage tracker or None for a
-    compiled variant: the tracker's dispatch mode makes dynamo run the module eagerly)."""
+    compiled variant: the tracker's dispatch mode makes dynamo run the module eagerly).
+
+    On CUDA: (``torch.cuda.max_memory_allocated`` over one step after a warm-up, less what was
+    allocated before it, plus the base; `scheduler.measure`), None): the caching allocator's
+    own count, which sees compiled and eager code alike."""
+    loss_fn = lambda out: default_loss_recipe(out)(out)  # noqa: E731
+    if device_of(v.module).type == "cuda":
+        return scheduler.measure(v.module, v.inputs, repeats=1, warmup=1,
+                                 loss_fn=loss_fn).peak_bytes, None
     prof = compiled_peak(v.module, v.inputs, loss_fn=lambda out: default_loss_recipe(out)(out))
     if v.compiled:
         return prof, None

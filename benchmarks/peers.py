@@ -2,6 +2,7 @@
 
     python benchmarks/peers.py --write                 # the full race: docs/benchmarks.md, docs/peers.png
     python benchmarks/peers.py --quick --no-compile    # a smoke test: tiny models, one round
+    python benchmarks/peers.py --examples gpt --device cuda --rounds 5   # the race on CUDA
 
 For each example (the GPT example at its default size and at 8 layers, width 256, batch 8 x
 256; Hugging Face GPT-2 from a config with random weights; the U-Net) it builds these
@@ -36,7 +37,8 @@ no budget reuses another's graph; the ``graphs`` column counts the graphs each c
 Compiling takes one to two minutes a graph on a loaded 2-core CPU and each example compiles
 about a dozen (the GPT example at its default size took 22 minutes in all, load average about
 5), so the full race runs for one to two hours; ``--examples`` runs some of them. ``--write`` replaces the ``peers``
-section of ``docs/benchmarks.md`` (`_record.record`) and writes the plot (``--png``).
+section of ``docs/benchmarks.md`` (``peers_cuda`` with ``--device cuda``; `_record.record`)
+and writes the plot (``--png``).
 """
 
 from __future__ import annotations
@@ -171,11 +173,13 @@ def our_compiled_plan(graph: Any, model: Any, inputs: tuple[Any, ...], budget: i
 
 
 def race(key: str, *, quick: bool, compile_budgets: tuple[float, ...], rounds: int,
-         time_limit_s: float, compile_plans: bool) -> dict[str, Any]:
+         time_limit_s: float, compile_plans: bool, device: str = "cpu") -> dict[str, Any]:
     """Build, measure and time every variant of one example; returns its rows."""
     label, module_name, kwargs = EXAMPLES[key]
     model, inputs = importlib.import_module(module_name).build(
         **(QUICK[key] if quick else kwargs))
+    model = model.to(device)
+    inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
     say(f"{label}: profiling")
     graph = scheduler.profile(model, inputs, repeats=3)
     unscheduled = simulate(graph, Schedule.none(graph), timeline=False)
@@ -340,7 +344,11 @@ def main(argv: list[str] | None = None) -> int:
                              "our plans at fractions of none's measured peak instead)")
     parser.add_argument("--time-limit", type=float, default=None,
                         help="our solver's time limit per budget, seconds (default 30; quick 2)")
-    parser.add_argument("--png", type=Path, default=ROOT / "docs" / "peers.png")
+    parser.add_argument("--device", default="cpu",
+                        help="where the race runs: cpu (default) or cuda (peaks from "
+                             "torch.cuda.max_memory_allocated)")
+    parser.add_argument("--png", type=Path, default=None,
+                        help="the plot (default: docs/peers.png, docs/peers_cuda.png on CUDA)")
     _record.add_write_option(parser)
     args = parser.parse_args(argv)
     keys = [k.strip() for k in args.examples.split(",") if k.strip()]
@@ -350,6 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (1 if args.quick else 7)
     if rounds < 1 or (not args.quick and rounds < 5):
         parser.error(f"--rounds must be >= 5 (>= 1 with --quick), got {rounds}")
+    if args.device not in ("cpu", "cuda"):
+        parser.error(f"--device must be cpu or cuda, got {args.device!r}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available here (torch "
+                     f"{torch.__version__}); run it on a machine with one")
+    if args.png is None:
+        args.png = ROOT / "docs" / ("peers.png" if args.device == "cpu" else "peers_cuda.png")
     torch.set_num_threads(1)
     # (with the caches on, a second budget's compilation reused the first one's graph)
     inductor_config.force_disable_caches = True
@@ -367,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         res = race(key, quick=args.quick, compile_budgets=budgets, rounds=rounds,
                    time_limit_s=args.time_limit or (2.0 if args.quick else 30.0),
-                   compile_plans=not args.no_compile)
+                   compile_plans=not args.no_compile, device=args.device)
         results.append(res)
         tables = [table(res), matched(res)]
         for t in tables:
@@ -379,8 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         plot(results, args.png)
         say(f"wrote {args.png}")
     if args.write:
-        path = _record.record("peers", "\n\n".join(parts) + "\n\n![peak against step time]"
-                              "(peers.png)", device="cpu",
+        section = "peers" if args.device == "cpu" else "peers_cuda"
+        path = _record.record(section, "\n\n".join(parts) + "\n\n![peak against step time]"
+                              f"({args.png.name})", device=args.device,
                               command=_record.command_line(__file__, argv))
         say(f"updated {path}")
     return 0

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch.utils.checkpoint import CheckpointPolicy
 
@@ -75,3 +76,30 @@ def test_quick_race_writes_its_section_and_plot(tmp_path, monkeypatch) -> None:
     profiler, tracker = rows["none"][2], rows["none"][3]
     assert profiler == tracker
 
+
+
+def test_cuda_race_is_refused_by_name_without_a_cuda_device(capsys) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the race would run")
+    try:
+        peers.main(["--quick", "--no-compile", "--examples", "gpt", "--device", "cuda"])
+    except SystemExit as e:
+        assert e.code == 2
+    else:
+        raise AssertionError("--device cuda ran without a CUDA device")
+    err = capsys.readouterr().err
+    assert "--device cuda: no CUDA device is available here" in err
+
+
+def test_an_unknown_device_is_refused() -> None:
+    try:
+        peers.main(["--quick", "--examples", "gpt", "--device", "tpu"])
+    except SystemExit as e:
+        assert e.code == 2
+    else:
+        raise AssertionError("--device tpu was accepted")
+
+
+def test_device_of_is_the_first_parameters_device() -> None:
+    assert _peers_variants.device_of(torch.nn.Linear(2, 2)).type == "cpu"
+    assert _peers_variants.device_of(torch.nn.ReLU()).type == "cpu"  # (no parameters)
