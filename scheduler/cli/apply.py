@@ -95,5 +95,10 @@ def _print_measured(schedule: Any, measured: Any) -> None:
         fits = "fits" if measured.peak_bytes <= schedule.budget_bytes else "EXCEEDS"
         if over_budget_warning(schedule, measured.peak_bytes):
             fits += " (a bug: please report it with this schedule file)"
+        elif over_budget_warning(schedule, measured.peak_bytes,
+                                 allocator_peak_bytes=measured.allocator_peak_bytes):
+            fits += (f", but EXCEEDS by the allocator's count "
+                     f"({format_bytes(measured.allocator_peak_bytes)}: kernels' own scratch, "
+                     "which the profile does not count)")
         table.add_row("budget", format_bytes(schedule.budget_bytes), fits, "")
     Console().print(table)

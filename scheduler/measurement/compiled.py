@@ -17,7 +17,10 @@ gradients that existed before the step (every parameter's ``.grad`` starts at No
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import os
+import sys
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Sequence
 
 import torch
@@ -28,7 +31,7 @@ from ..capture.calls import as_tuple
 from ..capture.trace import default_loss_recipe, preserved_state
 from .storage import base_bytes
 
-__all__ = ["compiled_peak"]
+__all__ = ["allocator_rise", "compiled_peak"]
 
 
 def compiled_peak(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *,
@@ -69,16 +72,31 @@ def compiled_peak(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str
         for p in params:
             p.grad = None
         base = base_bytes(inner, (*args, *kwargs.values()))
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
-                                               if device.type == "cuda" else [])
-        with profile(activities=activities, profile_memory=True) as prof:
-            step()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+        rise = allocator_rise(step, device)
         for p in params:
             p.grad = None
+    return base + rise
+
+
+def allocator_rise(step: Callable[[], Any], device: torch.device) -> int:
+    """The most bytes c10's allocator on ``device`` held during ``step()`` above what it held
+    before: the running total of ``torch.profiler``'s ``[memory]`` events over the step, in
+    time order, at its highest. It counts what kernels allocate and free inside themselves
+    (convolution scratch), which no tensor-level count sees."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
+                                           if device.type == "cuda" else [])
+    prof = profile(activities=activities, profile_memory=True)
+    with _quiet_stderr():  # (kineto prints a line to fd 2 as it starts and as it stops)
+        prof.__enter__()
+    try:
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    finally:
+        with _quiet_stderr():
+            prof.__exit__(None, None, None)
     kind = "CUDA" if device.type == "cuda" else "CPU"
     events = sorted((e for e in prof.profiler.kineto_results.events()
                      if e.name() == "[memory]" and e.device_type().name == kind),
@@ -87,4 +105,19 @@ def compiled_peak(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str
     for e in events:
         current += e.nbytes()
         peak = max(peak, current)
-    return base + peak
+    return peak
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 pointed at the null device for the block (C++ code writes there
+    directly, past ``sys.stderr``)."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)

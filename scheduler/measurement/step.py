@@ -1,11 +1,14 @@
 """Measured peak memory and step time of one training step.
 
-On CPU the peak comes from `storage.StorageTracker` (live tensor storages, counted); on CUDA
-from ``torch.cuda.max_memory_allocated``. Step time is the median of real steps.
+On CPU the peak comes from `storage.StorageTracker` (live tensor storages, counted), and the
+allocator's own count beside it from the profiler's memory events (`compiled.allocator_rise`:
+it also sees what kernels allocate inside themselves); on CUDA both are
+``torch.cuda.max_memory_allocated``. Step time is the median of real steps.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 import warnings
@@ -19,6 +22,7 @@ import torch.nn as nn
 from ..capture.calls import call_inputs, check_differentiable
 from ..capture.fake import needs_fake
 from ..capture.trace import default_loss_recipe, preserved_state
+from .compiled import allocator_rise
 from .storage import StorageTracker, base_bytes, state_tensors
 
 __all__ = ["Measurement", "OverBudgetWarning", "measure", "measure_in_turns",
@@ -31,15 +35,27 @@ class OverBudgetWarning(RuntimeWarning):
 
 
 def over_budget_warning(schedule: Any, measured_peak_bytes: int,
-                        budget_bytes: int | None = None) -> str | None:
+                        budget_bytes: int | None = None, *,
+                        allocator_peak_bytes: int | None = None) -> str | None:
     """The warning text when ``schedule`` (a `Schedule` whose status says it fits: OPTIMAL or
-    FEASIBLE) measured above its budget (``budget_bytes``, default the one stamped on it);
-    None when it did not, or when it claims nothing (a baseline's that missed)."""
+    FEASIBLE) measured above its budget (``budget_bytes``, default the one stamped on it), by
+    the tensors it counts (``measured_peak_bytes``) or by the allocator's count
+    (``allocator_peak_bytes``, `Measurement.allocator_peak_bytes`); None when it did not, or
+    when it claims nothing (a baseline's that missed)."""
     budget = schedule.budget_bytes if budget_bytes is None else budget_bytes
+    held = allocator_peak_bytes or 0
     if (not isinstance(budget, int) or schedule.status not in ("OPTIMAL", "FEASIBLE")
-            or measured_peak_bytes <= budget):
+            or max(measured_peak_bytes, held) <= budget):
         return None
     predicted = (schedule.estimate or {}).get("peak_bytes")
+    if measured_peak_bytes <= budget:  # only the allocator's count is over
+        return (f"a plan measured over its budget by the allocator's count: {held} bytes > "
+                f"budget {budget} bytes, while its tensors peak at {measured_peak_bytes} "
+                f"bytes (predicted {predicted} bytes). The {held - measured_peak_bytes} bytes "
+                "between are memory kernels allocate and free inside themselves (convolution "
+                "scratch, workspaces), which the profile does not count; leave room for "
+                f"them: solve with headroom={math.ceil(100 * (held - measured_peak_bytes) / budget) / 100:.2f} "
+                "or more")
     return (f"a plan measured over its budget: measured peak {measured_peak_bytes} bytes > "
             f"budget {budget} bytes (predicted {predicted} bytes; solver {schedule.solver!r}, "
             f"{len(schedule.regions)} regions, {len(schedule.recompute_regions)} recomputed). "
@@ -48,9 +64,11 @@ def over_budget_warning(schedule: Any, measured_peak_bytes: int,
 
 
 def warn_if_over_budget(schedule: Any, measured_peak_bytes: int,
-                        budget_bytes: int | None = None, *, stacklevel: int = 3) -> bool:
+                        budget_bytes: int | None = None, *, stacklevel: int = 3,
+                        allocator_peak_bytes: int | None = None) -> bool:
     """Warn `OverBudgetWarning` with `over_budget_warning`'s text, if any; whether it did."""
-    text = over_budget_warning(schedule, measured_peak_bytes, budget_bytes)
+    text = over_budget_warning(schedule, measured_peak_bytes, budget_bytes,
+                               allocator_peak_bytes=allocator_peak_bytes)
     if text is not None:
         warnings.warn(text, OverBudgetWarning, stacklevel=stacklevel)
     return text is not None
@@ -66,6 +84,11 @@ class Measurement:
     step_s_all: tuple[float, ...]  # every timed step
     loss: float
     device: str
+    # the allocator's own count of the step's peak, base included: on CPU from the profiler's
+    # memory events over one more step (`compiled.allocator_rise`), which also sees what
+    # kernels allocate and free inside themselves (convolution scratch); on CUDA the same as
+    # ``peak_bytes``. None where it was not taken (``measure(..., allocator=False)``).
+    allocator_peak_bytes: int | None = None
     # with ``measure(..., timeline=True)`` on CPU: live bytes after every allocation and free
     # of the tracked step, base included (empty otherwise)
     timeline: tuple[int, ...] = field(default=(), repr=False, compare=False)
@@ -81,7 +104,7 @@ class Measurement:
 
 def measure(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *,
             loss_fn: Callable[[Any], torch.Tensor] | None = None, repeats: int = 5,
-            warmup: int = 1, timeline: bool = False) -> Measurement:
+            warmup: int = 1, timeline: bool = False, allocator: bool = True) -> Measurement:
     """Run real training steps of ``module`` and measure peak memory and step time.
 
     One step is ``loss_fn(module(*inputs)).backward()`` with gradients starting at ``None``.
@@ -96,6 +119,8 @@ def measure(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any]
         warmup: untimed steps first.
         timeline: on CPU, also record the live bytes after every allocation and free of the
             tracked step (`Measurement.timeline`, for `report.plot_timeline`).
+        allocator: on CPU, also count the allocator's peak over one more step, under the
+            profiler (`Measurement.allocator_peak_bytes`).
 
     Returns:
         `Measurement`. On CPU the peak comes from `StorageTracker` (a separate, untimed step);
@@ -156,6 +181,7 @@ def measure(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any]
             loss = step()
             torch.cuda.synchronize(device)
             peak = torch.cuda.max_memory_allocated(device) - start + base
+            held = peak
         else:
             trace.clear()
             active = [timeline]
@@ -171,13 +197,16 @@ def measure(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any]
                 loss = step()
             active[0] = False
             peak = tracker.peak_bytes
+            for p in params:
+                p.grad = None
+            held = allocator_rise(step, device) + base if allocator else None
         for p in params:
             p.grad = None
     schedule = getattr(module, "schedule", None) or getattr(
         getattr(module, "forward", None), "schedule", None)
     if schedule is not None and hasattr(schedule, "regions"):
-        warn_if_over_budget(schedule, int(peak))
-    return Measurement(peak_bytes=int(peak), base_bytes=base,
+        warn_if_over_budget(schedule, int(peak), allocator_peak_bytes=held)
+    return Measurement(peak_bytes=int(peak), base_bytes=base, allocator_peak_bytes=held,
                        step_s=statistics.median(times), step_s_all=tuple(times),
                        loss=float(loss), device=str(device),
                        timeline=tuple(trace) if device.type != "cuda" else (),
@@ -197,7 +226,7 @@ def measure_in_turns(cases: dict[Any, tuple[nn.Module, Sequence[Any]]], *, repea
             if step is not None:
                 step(f"measuring: round {i + 1}/{repeats}, case {j + 1}/{len(cases)}")
             runs[key].append(measure(module, inputs, loss_fn=loss_fn, repeats=1,
-                                     warmup=int(i == 0)))
+                                     warmup=int(i == 0), allocator=i == 0))
             if step is not None:
                 step(advance=1)
     out = {}

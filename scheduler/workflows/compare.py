@@ -274,8 +274,10 @@ def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
             for budget, budget_bytes, s, r in solved]
     for row in rows:  # a plan that claimed to fit and measured over: a bug, said loudly
         if row.schedule is not None and row.measured_peak_bytes is not None:
+            m = measured.get(_key(row.schedule))
             warn_if_over_budget(row.schedule, row.measured_peak_bytes, row.budget_bytes,
-                                stacklevel=2)
+                                stacklevel=2,
+                                allocator_peak_bytes=m.allocator_peak_bytes if m else None)
     return Comparison(rows=rows, model=type(model).__name__,
                       device=str(graph.meta.get("device", "cpu")),
                       unconstrained_peak_bytes=unconstrained, reference=reference, graph=graph)
