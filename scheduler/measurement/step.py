@@ -197,6 +197,7 @@ def measure(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any]
                 loss = step()
             active[0] = False
             peak = tracker.peak_bytes
+            split = backward_at[0]  # (the step below sets it again)
             for p in params:
                 p.grad = None
             held = allocator_rise(step, device) + base if allocator else None
@@ -210,7 +211,7 @@ def measure(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any]
                        step_s=statistics.median(times), step_s_all=tuple(times),
                        loss=float(loss), device=str(device),
                        timeline=tuple(trace) if device.type != "cuda" else (),
-                       timeline_backward_at=backward_at[0] if device.type != "cuda" else 0)
+                       timeline_backward_at=split if device.type != "cuda" else 0)
 
 
 def measure_in_turns(cases: dict[Any, tuple[nn.Module, Sequence[Any]]], *, repeats: int,
