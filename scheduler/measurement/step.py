@@ -52,8 +52,8 @@ def over_budget_warning(schedule: Any, measured_peak_bytes: int,
         return (f"a plan measured over its budget by the allocator's count: {held} bytes > "
                 f"budget {budget} bytes, while its tensors peak at {measured_peak_bytes} "
                 f"bytes (predicted {predicted} bytes). The {held - measured_peak_bytes} bytes "
-                "between are memory kernels allocate and free inside themselves (convolution "
-                "scratch, workspaces), which the profile does not count; leave room for "
+                "between are memory kernels allocate and free inside themselves (scratch "
+                "buffers, workspaces), which the profile does not count; leave room for "
                 f"them: solve with headroom={math.ceil(100 * (held - measured_peak_bytes) / budget) / 100:.2f} "
                 "or more")
     return (f"a plan measured over its budget: measured peak {measured_peak_bytes} bytes > "
