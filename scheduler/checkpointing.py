@@ -60,7 +60,7 @@ def run_saved(call: EagerCall | None, key: str, fn: Any, /, *args: Any, **kwargs
 
 
 def run_saved_method(call: EagerCall | None, key: str, name: str, obj: Any, /, *args: Any,
-                  **kwargs: Any) -> Any:
+                     **kwargs: Any) -> Any:
     return run_saved(call, key, getattr(obj, name), *args, **kwargs)
 
 
@@ -149,10 +149,10 @@ class CheckpointRegion(nn.Module):
                     ) -> tuple[Any, ...]:
         call.n += 1
         replay = call.n > 1
-        # (``forward``, not the module's call: fx's call wrapper walks and formats the
+        buffers = self._buffers_now(attrs) if replay else []
+        # (the body's ``forward``, not its module call: fx's call wrapper walks and formats the
         # traceback of every exception through it, and the replay ends by raising one when it
         # has recomputed what backward needs: about 0.2 ms a replay on a CPU)
-        buffers = self._buffers_now(attrs) if replay else []
         if not buffers:
             return self.body.forward(call, attrs, *inputs)
         # outside every dispatch mode: selective checkpointing expects the replay to run

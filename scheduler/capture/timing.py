@@ -20,8 +20,8 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from ..measurement.storage import sync_device
 from ..checkpointing import CheckpointRegion
+from ..measurement.storage import sync_device
 from .program import Program
 
 __all__ = ["GradFnIndex", "checkpoint_costs", "time_sac_forward", "time_steps"]
@@ -42,11 +42,13 @@ def checkpoint_costs(device: torch.device, *, rounds: int = 9) -> tuple[float, f
     first checkpoint of a process also pays PyTorch's one-time setup, about 1.5 s here).
 
     Times chains of ``tanh`` on a small tensor (each op saves one tensor) as K calls of the
-    executor's region module (`checkpointing.CheckpointRegion`) of N ops each, beside the same ops without checkpoints and their forward alone, in
-    turns for ``rounds`` rounds (medians), and fits ``extra = K * call + K * N * saved`` by
-    least squares over `_CALIBRATION` (both clamped at 0). Both are small but not negligible
-    on CPU, where the pack and unpack hooks run in Python. Forward times of real ops do not enter: only the hooks' and
-    the call's work, which depends on the device and the Python build, not on the model."""
+    executor's region module (`checkpointing.CheckpointRegion`) of N ops each, beside the
+    same ops without checkpoints and their forward alone, in turns for ``rounds`` rounds
+    (medians), and fits ``extra = K * call + K * N * saved`` by least squares over
+    `_CALIBRATION` (both clamped at 0). Both are small but not negligible on CPU, where the
+    pack and unpack hooks run in Python. Forward times of real ops do not enter: only the
+    hooks' and the call's work, which depends on the device and the Python build, not on the
+    model."""
     key = (str(device), torch.get_num_threads())
     if key not in _COSTS:
         _COSTS[key] = _fit_checkpoint_costs(device, rounds)

@@ -49,13 +49,14 @@ def over_budget_warning(schedule: Any, measured_peak_bytes: int,
         return None
     predicted = (schedule.estimate or {}).get("peak_bytes")
     if measured_peak_bytes <= budget:  # only the allocator's count is over
+        scratch = held - measured_peak_bytes
+        room = math.ceil(100 * scratch / budget) / 100  # the headroom that holds it
         return (f"a plan measured over its budget by the allocator's count: {held} bytes > "
                 f"budget {budget} bytes, while its tensors peak at {measured_peak_bytes} "
-                f"bytes (predicted {predicted} bytes). The {held - measured_peak_bytes} bytes "
-                "between are memory kernels allocate and free inside themselves (scratch "
-                "buffers, workspaces), which the profile does not count; leave room for "
-                f"them: solve with headroom={math.ceil(100 * (held - measured_peak_bytes) / budget) / 100:.2f} "
-                "or more")
+                f"bytes (predicted {predicted} bytes). The {scratch} bytes between are memory "
+                "kernels allocate and free inside themselves (scratch buffers, workspaces), "
+                f"which the profile does not count; leave room for them: solve with "
+                f"headroom={room:.2f} or more")
     return (f"a plan measured over its budget: measured peak {measured_peak_bytes} bytes > "
             f"budget {budget} bytes (predicted {predicted} bytes; solver {schedule.solver!r}, "
             f"{len(schedule.regions)} regions, {len(schedule.recompute_regions)} recomputed). "
@@ -198,8 +199,6 @@ def measure(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any]
             active[0] = False
             peak = tracker.peak_bytes
             split = backward_at[0]  # (the step below sets it again)
-            for p in params:
-                p.grad = None
             held = allocator_rise(step, device) + base if allocator else None
         for p in params:
             p.grad = None
