@@ -37,8 +37,8 @@ import scheduler
 from scheduler.capture.trace import default_loss_recipe
 from scheduler.measurement.compiled import compiled_peak
 
-__all__ = ["Variant", "block_paths", "compiled", "device_of", "peaks", "time_rounds", "titan_policy",
-           "titan_save_ops", "wrap_blocks"]
+__all__ = ["Variant", "block_paths", "compiled", "device_of", "peaks", "time_rounds",
+           "titan_policy", "titan_save_ops", "wrap_blocks"]
 
 
 @dataclass
@@ -188,9 +188,10 @@ def peaks(v: Variant) -> tuple[int, int | None]:
     if device_of(v.module).type == "cuda":
         return scheduler.measure(v.module, v.inputs, repeats=1, warmup=1,
                                  loss_fn=loss_fn).peak_bytes, None
-    prof = compiled_peak(v.module, v.inputs, loss_fn=lambda out: default_loss_recipe(out)(out))
+    prof = compiled_peak(v.module, v.inputs, loss_fn=loss_fn)
     if v.compiled:
         return prof, None
-    tracked = scheduler.measure(v.module, v.inputs, repeats=1, warmup=1,
-                                loss_fn=lambda out: default_loss_recipe(out)(out)).peak_bytes
+    # (the allocator's count is ``prof``: not taken again)
+    tracked = scheduler.measure(v.module, v.inputs, repeats=1, warmup=1, loss_fn=loss_fn,
+                                allocator=False).peak_bytes
     return prof, tracked

@@ -146,13 +146,13 @@ def our_plan(graph: Any, model: Any, inputs: tuple[Any, ...], budget: int, *,
 
 
 def our_compiled_plan(graph: Any, model: Any, inputs: tuple[Any, ...], budget: int,
-                      eager: Variant, *, time_limit_s: float, predicted: Any) -> Variant | None:
+                      eager: Variant, *, time_limit_s: float, predicted: Any) -> Variant:
     """``torch.compile`` of our plan whose compiled peak, measured by the profiler's memory
     events, is at most ``budget``: the eager plan ``eager`` compiled, and where inductor's
     own buffers take it above (the cost model predicts the eager step, not inductor's), a
     plan solved at ``budget`` less the compiled excess, compiled again, up to `RESOLVE` times.
-    None when no schedule fits; the last try when none of them measures within ``budget``."""
-    target, plan, c = budget, eager, None
+    The last try when none of them measures within ``budget``, or when none fits below it."""
+    target, plan = budget, eager
     for attempt in range(RESOLVE + 1):
         c = Variant(f"{eager.name} compiled", "ours compiled", None, inputs,  # type: ignore
                     compiled=True, budget_bytes=budget, predicted=plan.predicted,
@@ -230,10 +230,8 @@ def race(key: str, *, quick: bool, compile_budgets: tuple[float, ...], rounds: i
         variants.append(ours)
         if compile_plans and with_compiled:
             say(f"{label}: compiling {ours.name}")
-            c = our_compiled_plan(graph, model, inputs, budget, ours,
-                                  time_limit_s=time_limit_s, predicted=predicted)
-            if c is not None:
-                variants.append(c)
+            variants.append(our_compiled_plan(graph, model, inputs, budget, ours,
+                                              time_limit_s=time_limit_s, predicted=predicted))
     say(f"{label}: timing {len(variants)} variants")
     times = time_rounds(variants, rounds, say)
     base = statistics.median(times[0])  # (none's)
@@ -344,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                              "our plans at fractions of none's measured peak instead)")
     parser.add_argument("--time-limit", type=float, default=None,
                         help="our solver's time limit per budget, seconds (default 30; quick 2)")
-    parser.add_argument("--device", default="cpu",
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the race runs: cpu (default) or cuda (peaks from "
                              "torch.cuda.max_memory_allocated)")
     parser.add_argument("--png", type=Path, default=None,
@@ -358,8 +356,6 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (1 if args.quick else 7)
     if rounds < 1 or (not args.quick and rounds < 5):
         parser.error(f"--rounds must be >= 5 (>= 1 with --quick), got {rounds}")
-    if args.device not in ("cpu", "cuda"):
-        parser.error(f"--device must be cpu or cuda, got {args.device!r}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available here (torch "
                      f"{torch.__version__}); run it on a machine with one")
