@@ -65,7 +65,9 @@ def mutate(doc: Any, rng: random.Random, n: int = 1) -> tuple[Any, list[str]]:
         elif kind == "number":
             new = rng.choice((-1, 1, 2, 10, 1 << 40)) * (value if isinstance(value, (int, float))
                                                        and not isinstance(value, bool) else 1)
-            new = rng.choice((new, -new, new + 1, float(new)))
+            # (an int past float's range, e.g. after repeated scaling, has no float form)
+            as_float = (float(new),) if abs(new) < 2 ** 1023 else ()
+            new = rng.choice((new, -new, new + 1) + as_float)
         elif kind == "nest":
             new = value
             for _ in range(rng.choice((1, 2, 50))):

@@ -380,3 +380,13 @@ def test_damaged_schedule_loads_or_raises_schedule_error(tmp_path: Path, rng: ra
                                                          n: int) -> None:
     doc, _ = mutate(_SCHEDULE, rng, n)
     loads_or_rejects_schedule(doc, small_graph(), tmp_path)
+
+
+def test_mutate_scales_numbers_past_floats_range() -> None:
+    """The damage itself never raises: scaling an int past float's range (10**400, one of the
+    nasty values, or repeated scaling) keeps it an int rather than calling float() on it."""
+    seen_huge = False
+    for seed in range(400):
+        doc, done = mutate({"a": [10**400, 1e308, 5]}, random.Random(seed), n=3)
+        seen_huge |= any("10000000000" in line for line in done)
+    assert seen_huge
