@@ -5,8 +5,7 @@ it gives where kernels' own scratch, which the profile does not count, takes a p
 from __future__ import annotations
 
 import dataclasses
-
-import pytest
+import warnings
 
 import scheduler
 from scheduler.measurement.step import OverBudgetWarning, over_budget_warning
@@ -42,8 +41,21 @@ def test_a_plan_over_its_budget_only_by_scratch_warns_naming_it() -> None:
     assert m.allocator_peak_bytes > m.peak_bytes
     # the same schedule, stamped with a budget its tensors fit but the allocator's count not
     between = dataclasses.replace(plan.schedule, budget_bytes=m.peak_bytes)
-    with pytest.warns(OverBudgetWarning, match="by the allocator's count"):
-        scheduler.measure(scheduler.apply(model, between, inputs), inputs, repeats=1)
+    # `measure` warns exactly when its own two counts say so. Scratch varies from step to step,
+    # so a later step's allocator count can fall back to the tensors' peak: a few tries, each
+    # checked against its own numbers, and at least one must warn
+    applied = scheduler.apply(model, between, inputs)
+    for _ in range(3):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            m2 = scheduler.measure(applied, inputs, repeats=1)
+        expected = over_budget_warning(between, m2.peak_bytes,
+                                       allocator_peak_bytes=m2.allocator_peak_bytes)
+        got = [str(w.message) for w in caught if issubclass(w.category, OverBudgetWarning)]
+        assert got == ([expected] if expected else [])
+        if expected:
+            break
+    assert expected is not None and "by the allocator's count" in expected
     text = over_budget_warning(between, m.peak_bytes,
                                allocator_peak_bytes=m.allocator_peak_bytes)
     scratch = m.allocator_peak_bytes - m.peak_bytes
