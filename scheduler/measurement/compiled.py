@@ -31,7 +31,7 @@ from ..capture.calls import as_tuple
 from ..capture.trace import default_loss_recipe, preserved_state
 from .storage import base_bytes
 
-__all__ = ["allocator_rise", "compiled_peak"]
+__all__ = ["allocator_rise", "compiled_peak", "memory_timeline"]
 
 
 def compiled_peak(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *,
@@ -83,6 +83,19 @@ def allocator_rise(step: Callable[[], Any], device: torch.device) -> int:
     before: the running total of ``torch.profiler``'s ``[memory]`` events over the step, in
     time order, at its highest. It counts what kernels allocate and free inside themselves
     (convolution scratch), which no tensor-level count sees."""
+    current = peak = 0
+    for _, nbytes in memory_timeline(step, device)[0]:
+        current += nbytes
+        peak = max(peak, current)
+    return peak
+
+
+def memory_timeline(step: Callable[[], Any], device: torch.device, *, ranges: str = ""
+                    ) -> tuple[list[tuple[int, int]], list[tuple[str, int, int]]]:
+    """Run ``step()`` under ``torch.profiler`` with memory events on: the allocator's events
+    on ``device`` as ``(start_ns, bytes)`` (negative for a free) in time order, and, where
+    ``ranges`` is given, the ``record_function`` ranges whose names start with it as
+    ``(name, start_ns, end_ns)`` in time order (marks the step made, on the same clock)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
@@ -98,14 +111,17 @@ def allocator_rise(step: Callable[[], Any], device: torch.device) -> int:
         with _quiet_stderr():
             prof.__exit__(None, None, None)
     kind = "CUDA" if device.type == "cuda" else "CPU"
-    events = sorted((e for e in prof.profiler.kineto_results.events()
-                     if e.name() == "[memory]" and e.device_type().name == kind),
-                    key=lambda e: e.start_ns())
-    current = peak = 0
-    for e in events:
-        current += e.nbytes()
-        peak = max(peak, current)
-    return peak
+    memory, marks = [], []
+    for e in prof.profiler.kineto_results.events():
+        name = e.name()
+        if name == "[memory]":
+            if e.device_type().name == kind:
+                memory.append((e.start_ns(), e.nbytes()))
+        elif ranges and name.startswith(ranges):
+            marks.append((name, e.start_ns(), e.end_ns()))
+    memory.sort(key=lambda m: m[0])
+    marks.sort(key=lambda m: m[1])
+    return memory, marks
 
 
 @contextlib.contextmanager
