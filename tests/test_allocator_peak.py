@@ -1,6 +1,6 @@
 """The allocator's own count of a measured step's peak (`Measurement.allocator_peak_bytes`,
 from the profiler's memory events), beside the storage tracker's, and the over-budget warning
-it gives where kernels' own scratch, which the profile does not count, takes a plan over."""
+it gives where memory outside the tensors (kernels' scratch) takes a plan over."""
 
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ def _print_measured(schedule: Any, measured: Any) -> None:
         elif over_budget_warning(schedule, measured.peak_bytes,
                                  allocator_peak_bytes=measured.allocator_peak_bytes):
             fits += (f", but EXCEEDS by the allocator's count "
-                     f"({format_bytes(measured.allocator_peak_bytes)}: kernels' own scratch, "
-                     "which the profile does not count)")
+                     f"({format_bytes(measured.allocator_peak_bytes)}: memory outside the "
+                     "tensors, see the warning)")
         table.add_row("budget", format_bytes(schedule.budget_bytes), fits, "")
     Console().print(table)

@@ -54,9 +54,11 @@ def over_budget_warning(schedule: Any, measured_peak_bytes: int,
         return (f"a plan measured over its budget by the allocator's count: {held} bytes > "
                 f"budget {budget} bytes, while its tensors peak at {measured_peak_bytes} "
                 f"bytes (predicted {predicted} bytes). The {scratch} bytes between are memory "
-                "kernels allocate and free inside themselves (scratch buffers, workspaces), "
-                f"which the profile does not count; leave room for them: solve with "
-                f"headroom={room:.2f} or more")
+                "outside the tensors: what kernels allocate and free inside themselves "
+                "(scratch, workspaces), which a real profile counts but a fake one cannot, "
+                "or a different thread count than the profile's (oneDNN sizes scratch per "
+                "thread); and on CPU, the RNG state each checkpoint keeps (about 5 KB a region, "
+                f"not modelled). Leave room for them: solve with headroom={room:.2f} or more")
     return (f"a plan measured over its budget: measured peak {measured_peak_bytes} bytes > "
             f"budget {budget} bytes (predicted {predicted} bytes; solver {schedule.solver!r}, "
             f"{len(schedule.regions)} regions, {len(schedule.recompute_regions)} recomputed). "
@@ -199,6 +201,8 @@ def measure(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any]
             active[0] = False
             peak = tracker.peak_bytes
             split = backward_at[0]  # (the step below sets it again)
+            for p in params:  # (freed inside the profiled step, they were allocated before
+                p.grad = None  # it: c10 warns of such frees on stderr)
             held = allocator_rise(step, device) + base if allocator else None
         for p in params:
             p.grad = None
