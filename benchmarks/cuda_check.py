@@ -78,7 +78,11 @@ def to_device(inputs: tuple[Any, ...], device: Any) -> tuple[Any, ...]:
 def memory_events(graph: Any) -> dict[str, Any]:
     """What a profile records of memory, with storage ids replaced by bytes (ids are the
     recorder's own): per node, output bytes and saved (source, bytes); per node, its forward
-    events; per backward step, its node and events."""
+    events; per backward step, its node and events. A real profile's kernel scratch, which a
+    fake one cannot see, is left out (`scratch.without_scratch`)."""
+    from scheduler.capture.scratch import without_scratch
+
+    graph = without_scratch(graph)
     size = {sid: s.bytes for sid, s in graph.storages.items()}
     return {
         "nodes": {n.name: (n.out_bytes, tuple((s.source, s.bytes) for s in n.saved))

@@ -42,6 +42,22 @@ def unscheduled_peak(graph: CostGraph) -> int:
     return simulate(graph, Schedule.none(graph)).peak_bytes
 
 
+def peak_error(graph: CostGraph, schedule: Any, module: Any, inputs: Any
+               ) -> tuple[float, int, int]:
+    """How far ``schedule``'s predicted peak of the tensors on ``graph`` (kernels' scratch
+    left out, `scratch.without_scratch`) is from the storage tracker's count of one measured
+    step of ``module`` (its rewrite): the relative error, the predicted and measured bytes.
+    (The allocator's count, scratch included, is held to the full prediction in
+    tests/capture/test_scratch.py.)"""
+    import scheduler
+    from scheduler.capture.scratch import without_scratch
+    from scheduler.cost.simulate import simulate
+
+    predicted = simulate(without_scratch(graph), schedule).peak_bytes
+    measured = scheduler.measure(module, inputs, repeats=1, warmup=0, allocator=False).peak_bytes
+    return abs(predicted - measured) / measured, predicted, measured
+
+
 def budget_bytes(graph: CostGraph, fraction: float) -> int:
     """``fraction`` of `unscheduled_peak`, in bytes (rounded down), as `scheduler.parse_budget`
     reads a fraction."""

@@ -35,6 +35,7 @@ from ..measurement.step import measure
 from ..measurement.storage import StorageTracker
 from .fake import OpCounter, rounded_bytes
 from .program import Program
+from .scratch import record_scratch
 from .timing import GradFnIndex, checkpoint_costs, time_steps
 from .trace import block_of, module_path, preserved_state
 
@@ -61,6 +62,8 @@ def record_traced(gm: fx.GraphModule, model: nn.Module, inputs: tuple[Any, ...],
     with preserved_state(model):
         say("recording memory and saved tensors")
         rec = Recorder(prog, model, inputs).run()
+        say("measuring kernels' scratch")
+        scratch = record_scratch(prog, model, inputs, rec, device_of(model, inputs))
         say(f"timing {repeats} steps")
         fwd_t, bwd_t, sac_t = time_steps(prog, model, inputs, repeats, rec.steps)
     say("measuring the unscheduled step")
@@ -70,6 +73,7 @@ def record_traced(gm: fx.GraphModule, model: nn.Module, inputs: tuple[Any, ...],
     call_s, saved_s = checkpoint_costs(params[0].device if params else torch.device("cpu"))
     g = build_graph(prog, rec, fwd_t, bwd_t, m, name, inputs, sac_t)
     g.checkpoint_call_s, g.checkpoint_saved_s = call_s, saved_s
+    g.meta["scratch"] = scratch
     return g, rec
 
 

@@ -107,6 +107,12 @@ def _print_summary(graph: Any, out: Path) -> None:
         if how:
             table.add_row("profile", f"real ({how.get('why', '')})")
         table.add_row("measured peak", maybe_bytes(graph.measured_peak_bytes))
+        scratch = meta.get("scratch") if isinstance(meta, dict) else None
+        if isinstance(scratch, dict):
+            table.add_row("kernels' scratch", scratch["error"] if "error" in scratch else
+                          f"{maybe_bytes(scratch.get('bytes'))} at most, in "
+                          f"{len(scratch.get('nodes', {})) + len(scratch.get('steps', {}))} "
+                          "nodes and steps (counted)")
         table.add_row("measured step", maybe_seconds(graph.measured_step_s))
     table.add_row("forward (sum of nodes)", format_seconds(forward_s))
     console = Console()

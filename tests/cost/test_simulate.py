@@ -11,11 +11,12 @@ import random
 from typing import Any
 
 import pytest
-from conftest import RECORDED_GRAPHS, budget_bytes, unscheduled_peak
+from conftest import RECORDED_GRAPHS, budget_bytes, peak_error, unscheduled_peak
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import scheduler
+from scheduler.capture.scratch import without_scratch
 from scheduler.capture.trace import trace
 from scheduler.cost.simulate import region_costs, simulate
 from scheduler.ir.schedule import KEEP, RECOMPUTE, Schedule
@@ -33,10 +34,8 @@ class Profiled:
         self.gm = trace(model, inputs)
 
     def error(self, schedule: Schedule) -> tuple[float, int, int]:
-        predicted = simulate(self.graph, schedule).peak_bytes
-        measured = scheduler.measure(rewrite(self.gm, schedule, self.model), self.inputs,
-                                     repeats=1, warmup=0).peak_bytes
-        err = abs(predicted - measured) / measured
+        err, predicted, measured = peak_error(self.graph, schedule,
+                                              rewrite(self.gm, schedule, self.model), self.inputs)
         if err >= WORST.get(self.name, (-1.0, ""))[0]:
             WORST[self.name] = (err, schedule.describe().replace("\n", " | ")[:200])
         return err, predicted, measured
@@ -177,12 +176,13 @@ def test_replay_stops_inside_the_last_saver(profiled: Any) -> None:
 
 
 def test_unscheduled_prediction_is_the_recorded_peak(profiled: Any) -> None:
-    """With no checkpointing the simulator replays what profiling recorded: exactly on the
+    """With no checkpointing the simulator replays what profiling recorded (the tensors: the
+    kernels' scratch, which the recording's tracker does not see, left out): exactly on the
     chain-like models; on the U-Net at most 1% over, because a node's saved tensors are freed
     at the end of its backward step, where PyTorch frees them after each autograd function
     (a conservative rounding: never under)."""
     for name, slack in (("mlp", 0.0), ("gpt", 0.0), ("unet", 0.01)):
-        g = profiled(name).graph
+        g = without_scratch(profiled(name).graph)
         predicted = unscheduled_peak(g)
         recorded = g.meta["recorded_peak_bytes"]
         assert recorded <= predicted <= recorded * (1 + slack), (name, predicted, recorded)
