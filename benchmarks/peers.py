@@ -347,6 +347,10 @@ def main(argv: list[str] | None = None) -> int:
                              "torch.cuda.max_memory_allocated)")
     parser.add_argument("--png", type=Path, default=None,
                         help="the plot (default: docs/peers.png, docs/peers_cuda.png on CUDA)")
+    parser.add_argument("--section", default=None,
+                        help="with --write, the section of docs/benchmarks.md to replace "
+                             "(default: peers, peers_cuda on CUDA): a run of some examples "
+                             "beside the full race")
     _record.add_write_option(parser)
     args = parser.parse_args(argv)
     keys = [k.strip() for k in args.examples.split(",") if k.strip()]
@@ -390,9 +394,11 @@ def main(argv: list[str] | None = None) -> int:
         plot(results, args.png)
         say(f"wrote {args.png}")
     if args.write:
-        section = "peers" if args.device == "cpu" else "peers_cuda"
-        path = _record.record(section, "\n\n".join(parts) + "\n\n![peak against step time]"
-                              f"({args.png.name})", device=args.device,
+        section = args.section or ("peers" if args.device == "cpu" else "peers_cuda")
+        # (a plot written outside docs/ is not linked from it)
+        image = (f"\n\n![peak against step time]({args.png.name})"
+                 if args.png.resolve().parent == ROOT / "docs" else "")
+        path = _record.record(section, "\n\n".join(parts) + image, device=args.device,
                               command=_record.command_line(__file__, argv))
         say(f"updated {path}")
     return 0
