@@ -23,6 +23,7 @@ A fake profile runs no kernel and so has no scratch (``meta["scratch"]`` is abse
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -37,9 +38,13 @@ from ..measurement.compiled import memory_timeline
 from .program import Program
 from .timing import GradFnIndex
 
-__all__ = ["kernel_rises", "record_scratch", "without_scratch"]
+__all__ = ["ScratchWarning", "kernel_rises", "record_scratch", "without_scratch"]
 
 _MARK = "scheduler.scratch."
+
+
+class ScratchWarning(UserWarning):
+    """A real profile could not measure kernels' scratch (`record_scratch`)."""
 
 
 def kernel_rises(prog: Program, model: nn.Module, inputs: tuple[Any, ...],
@@ -135,11 +140,14 @@ def record_scratch(prog: Program, model: nn.Module, inputs: tuple[Any, ...], rec
     and per step, the storage and gradient ids it took, the nodes whose event lists it
     created; or, where the profiled step's backward did not run the recorded steps (so that
     its memory cannot be attributed), ``{"error": why}`` and nothing added."""
-    fwd, bwd, names = kernel_rises(prog, model, inputs, device)
+    try:
+        fwd, bwd, names = kernel_rises(prog, model, inputs, device)
+    except Exception as e:  # noqa: BLE001 - the profile stands without it, and says so
+        return _unmeasured(f"the profiled step failed: {type(e).__name__}: {e}"[:300])
     recorded = [s["node"] for s in rec.steps]
     if names != recorded:
-        return {"error": f"the profiled step ran {len(names)} backward steps, the recording "
-                         f"{len(recorded)}: scratch not measured"}
+        return _unmeasured(f"the profiled step ran {len(names)} backward steps, the recording "
+                           f"{len(recorded)}")
     # what each node's and step's kernels allocated beyond its recorded events, the same for
     # every node (step) of one kind: the largest over the nodes running the same op on the
     # same shapes (the steps of such nodes with the same gradient events). A kernel's scratch
@@ -203,6 +211,14 @@ def record_scratch(prog: Program, model: nn.Module, inputs: tuple[Any, ...], rec
         gid += 1
     out["bytes"] = max([*out["nodes"].values(), *out["steps"].values(), 0])
     return out
+
+
+def _unmeasured(why: str) -> dict[str, Any]:
+    warnings.warn(f"kernels' scratch was not measured ({why}): predicted peaks count the "
+                  "tensors only, and a plan may measure over its budget by the allocator's "
+                  "count; solve with headroom (e.g. headroom=0.1) for convolutional models",
+                  ScratchWarning, stacklevel=4)
+    return {"error": f"not measured: {why}"}
 
 
 def without_scratch(g: CostGraph) -> CostGraph:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -107,6 +108,24 @@ def test_both_counts_are_predicted_to_the_byte_on_a_chain() -> None:
     assert g.meta["scratch"]["bytes"] <= 0.01 * m.peak_bytes  # (a few hundred bytes at most)
     assert simulate(g, Schedule.none(g)).peak_bytes == m.allocator_peak_bytes
     assert simulate(without_scratch(g), Schedule.none(g)).peak_bytes == m.peak_bytes
+
+
+def test_a_profile_whose_scratch_step_fails_stands_and_warns(monkeypatch: Any) -> None:
+    from examples.mlp import build
+
+    import scheduler.capture.scratch as scratch
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("no profiler here")
+
+    monkeypatch.setattr(scratch, "kernel_rises", broken)
+    model, inputs = build(batch=64, dim=32, depth=2)
+    with pytest.warns(scratch.ScratchWarning, match="no profiler here.*headroom"):
+        g = scheduler.profile(model, inputs, mode="real", repeats=1)
+    assert g.meta["scratch"]["error"].startswith("not measured: the profiled step failed")
+    assert without_scratch(g) is g
+    assert simulate(g, Schedule.none(g)).peak_bytes == scheduler.measure(
+        model, inputs, repeats=1).peak_bytes
 
 
 def test_a_fake_profile_records_no_scratch() -> None:
