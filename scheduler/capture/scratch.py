@@ -73,8 +73,6 @@ def kernel_rises(prog: Program, model: nn.Module, inputs: tuple[Any, ...],
     params = list(model.parameters())
 
     def step() -> None:
-        for p in params:
-            p.grad = None
         loss = prog.run(inputs, around=around)[1]
         steps.append("")
         with record_function(_MARK + "b"):
@@ -161,29 +159,29 @@ def record_scratch(prog: Program, model: nn.Module, inputs: tuple[Any, ...], rec
                 tuple(rec.shapes.get(a.name, "") for a in node.all_input_nodes))
 
     gid_bytes = {g: b for s in rec.steps for k, g, b in s["events"] if k == "a"}
-    fwd_at: dict[str, tuple[int, int]] = {}
+    fwd_at: dict[str, tuple[int, tuple]] = {}  # node -> (where its scratch goes, its kind)
     fwd_kind: dict[tuple, int] = {}
     for name, rise in fwd.items():
         events = rec.fwd_events.get(name, [])
         at, high = _high_point([rec.storages[s]["bytes"] * (1 if k == "a" else -1)
                                 for k, s in events])
-        fwd_at[name] = (at, rise - high)
         key = kind_of(name)
+        fwd_at[name] = (at, key)
         fwd_kind[key] = max(fwd_kind.get(key, 0), rise - high)
-    bwd_at: list[tuple[int, int]] = []
+    bwd_at: list[tuple[int, tuple]] = []
     bwd_kind: dict[tuple, int] = {}
     for step, rise in zip(rec.steps, bwd):
         events = step["events"]
         sizes = [b if k == "a" else -gid_bytes[g] for k, g, b in events]
         at, high = _high_point(sizes)
-        bwd_at.append((at, rise - high))
         key = (kind_of(step["node"]), tuple(sizes))
+        bwd_at.append((at, key))
         bwd_kind[key] = max(bwd_kind.get(key, 0), rise - high)
     out: dict[str, Any] = {"nodes": {}, "steps": {}, "storages": [], "grads": [],
                            "created": []}
     sid = max(rec.storages, default=-1) + 1
-    for name, (at, _) in fwd_at.items():
-        extra = fwd_kind[kind_of(name)]
+    for name, (at, key) in fwd_at.items():
+        extra = fwd_kind[key]
         if extra <= 0:
             continue
         events = rec.fwd_events.get(name, [])
@@ -199,10 +197,9 @@ def record_scratch(prog: Program, model: nn.Module, inputs: tuple[Any, ...], rec
         out["storages"].append(sid)
         sid += 1
     gid = max(gid_bytes, default=-1) + 1
-    for i, (step, (at, _)) in enumerate(zip(rec.steps, bwd_at)):
+    for i, (step, (at, key)) in enumerate(zip(rec.steps, bwd_at)):
         events = step["events"]
-        extra = bwd_kind[(kind_of(step["node"]),
-                          tuple(b if k == "a" else -gid_bytes[g] for k, g, b in events))]
+        extra = bwd_kind[key]
         if extra <= 0:
             continue
         step["events"] = events[:at] + [("a", gid, extra), ("f", gid, 0)] + events[at:]
