@@ -10,7 +10,6 @@ restores everything a real run of nodes may change.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from typing import Iterator
 
 import torch
@@ -19,25 +18,11 @@ from torch._subclasses.fake_tensor import is_fake
 
 from .fake import FakeProfileError
 from .record import TensorMeta
-from .roofline import DEVICE_SPECS, DeviceSpec, roofline_s
+from .roofline import local_spec, work_s
 from .trace import preserved_state
 
 __all__ = ["check_runnable", "contiguous_stride", "kept", "local_spec", "materialize",
            "on_device", "work_s"]
-
-
-def local_spec(device: torch.device) -> DeviceSpec:
-    """The device spec whose rates weigh ops against each other on ``device``: `DEVICE_SPECS`'
-    ``"h100"`` for CUDA, ``"cpu"`` otherwise. Only ratios of its roofline times are used (how
-    a node's time splits over its backward steps, how a node's time grows with its work), so
-    the exact numbers of the machine matter little; their FLOP/s-to-bandwidth balance does."""
-    return DEVICE_SPECS["h100" if device.type == "cuda" else "cpu"]
-
-
-def work_s(spec: DeviceSpec, ops: list[tuple[int, int, bool]]) -> float:
-    """Roofline seconds of ``ops`` on ``spec`` without the per-op constant: the part of an
-    op's time that grows with its FLOPs and bytes."""
-    return roofline_s(dataclasses.replace(spec, per_op_s=0.0), ops)
 
 
 def check_runnable(device: torch.device, times: str) -> None:

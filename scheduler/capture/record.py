@@ -35,6 +35,7 @@ from ..measurement.step import measure
 from ..measurement.storage import StorageTracker
 from .fake import OpCounter, rounded_bytes
 from .program import Program
+from .roofline import DeviceSpec, local_spec, work_s
 from .scratch import record_scratch
 from .timing import GradFnIndex, checkpoint_costs, time_steps
 from .trace import block_of, module_path, preserved_state
@@ -296,6 +297,7 @@ def build_graph(prog: Program, rec: Rec, fwd_t: dict[str, float], bwd_t: list[fl
     for step, t in zip(rec.steps, bwd_t):
         bwd_by_node[step["node"]] += t
     compute = set(order)
+    spec = _local_spec(inputs)
     nodes = []
     for n in prog.nodes:
         path = module_path(n)
@@ -308,7 +310,7 @@ def build_graph(prog: Program, rec: Rec, fwd_t: dict[str, float], bwd_t: list[fl
             time_s=fwd_t.get(n.name, 0.0), bwd_time_s=bwd_by_node.get(n.name, 0.0),
             out_bytes=out_bytes, saved=tuple(rec.saved.get(n.name, {}).values()),
             shape=rec.shapes.get(n.name, ""), pack_mark=rec.pack_mark.get(n.name),
-            sac_s=sac_t.get(n.name),
+            sac_s=sac_t.get(n.name), flop_share=flop_share(spec, rec.fwd_ops.get(n.name, ())),
         ))
     bwd_t = list(bwd_t) + [0.0] * (len(rec.steps) - len(bwd_t))
     steps = [BwdStep(s["node"], t, tuple(s["events"])) for s, t in zip(rec.steps, bwd_t)]
@@ -326,6 +328,23 @@ def build_graph(prog: Program, rec: Rec, fwd_t: dict[str, float], bwd_t: list[fl
               # the step holds the loss until backward ends
               "loss_node": prog.loss_leaf.name if isinstance(prog.loss_leaf, fx.Node) else ""},
     )
+
+
+def flop_share(spec: DeviceSpec, ops: Any) -> float:
+    """The share of ``ops``' roofline time on ``spec`` (`fake.OpCounter` rows: flops, bytes,
+    half) in the ops that have FLOPs (matmuls, convolutions, attention); 0 for no work."""
+    total = work_s(spec, list(ops))
+    if total <= 0:
+        return 0.0
+    return min(1.0, work_s(spec, [op for op in ops if op[0] > 0]) / total)
+
+
+def _local_spec(inputs: tuple[Any, ...]) -> DeviceSpec:
+    """`roofline.local_spec` of the device of the step's first tensor input (the CPU without
+    one): whose rates weigh a node's ops against each other for `flop_share`."""
+    dev = next((t.device for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)),
+               torch.device("cpu"))
+    return local_spec(dev)
 
 
 def device_of(model: nn.Module, inputs: tuple[Any, ...]) -> torch.device:

@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DEVICE_SPECS", "DeviceSpec", "device_spec", "roofline_s"]
+__all__ = ["DEVICE_SPECS", "DeviceSpec", "device_spec", "local_spec", "roofline_s", "work_s"]
 
 
 @dataclass(frozen=True)
@@ -85,3 +85,17 @@ def roofline_s(spec: DeviceSpec, ops: list[tuple[int, int, bool]]) -> float:
         rate = spec.flops if half else spec.flops_fp32
         total += max(flops / rate, nbytes / spec.bandwidth) + spec.per_op_s
     return total
+
+
+def local_spec(device: Any) -> DeviceSpec:
+    """The device spec whose rates weigh ops against each other on ``device``: `DEVICE_SPECS`'
+    ``"h100"`` for CUDA, ``"cpu"`` otherwise. Only ratios of its roofline times are used (how
+    a node's time splits over its backward steps, how a node's time grows with its work), so
+    the exact numbers of the machine matter little; their FLOP/s-to-bandwidth balance does."""
+    return DEVICE_SPECS["h100" if device.type == "cuda" else "cpu"]
+
+
+def work_s(spec: DeviceSpec, ops: list[tuple[int, int, bool]]) -> float:
+    """Roofline seconds of ``ops`` on ``spec`` without the per-op constant: the part of an
+    op's time that grows with its FLOPs and bytes."""
+    return roofline_s(dataclasses.replace(spec, per_op_s=0.0), ops)

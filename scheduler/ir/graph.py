@@ -183,6 +183,9 @@ class CostGraph:
                         f"nodes[{n.name!r}].saved: unknown storage {s.storage}")
             if n.sac_s is not None and not n.sac_s >= 0:
                 raise CostGraphError(f"nodes[{n.name!r}].sac_s: {n.sac_s!r} is negative")
+            if n.flop_share is not None and not 0 <= n.flop_share <= 1:
+                raise CostGraphError(
+                    f"nodes[{n.name!r}].flop_share: {n.flop_share!r} is not in [0, 1]")
             if n.pack_mark is not None and not (
                     0 <= n.pack_mark <= len(self.fwd_events.get(n.name, ()))):
                 raise CostGraphError(

@@ -33,7 +33,8 @@ _TOP = frozenset({"schema", "version", "name", "fingerprint", *_BYTES, "measured
                   *CHECKPOINT_COSTS, "meta", "nodes", "storages", "fwd_events", "bwd_steps"})
 _NODE_STR = ("name", "op", "target", "module_path", "block", "shape")
 _NODE_FIELDS = frozenset({*_NODE_STR, "inputs", "is_loss", "time_s", "bwd_time_s",
-                          "out_bytes", "saved", "pack_mark", "sac_s"})
+                          "out_bytes", "saved", "pack_mark", "sac_s",
+                          "flop_share"})
 #: where a saved tensor that no node produced comes from (`Saved.source`)
 SOURCE_PREFIXES = ("param:", "buffer:", "input:")
 
@@ -122,6 +123,11 @@ def _node(i: int, nd: Any) -> Node:
     kw["saved"] = tuple(saved)
     kw["pack_mark"] = _C.count(f"{where}.pack_mark", nd.get("pack_mark"), optional=True)
     kw["sac_s"] = _C.seconds(f"{where}.sac_s", nd.get("sac_s"), optional=True)
+    share = nd.get("flop_share")
+    if share is not None and not (isinstance(share, (int, float)) and not isinstance(share, bool)
+                                  and 0 <= share <= 1):
+        _C.fail(f"{where}.flop_share", f"{share!r} is not a fraction in [0, 1]")
+    kw["flop_share"] = None if share is None else float(share)
     return Node(**kw)
 
 

@@ -53,6 +53,11 @@ class Node:
     # run, scaled like ``time_s``; a save-set region pays it in forward and in its replay.
     # None: not measured (counted as 0)
     sac_s: float | None = None
+    # the share of its forward work in ops whose FLOPs ``torch.utils.flop_counter`` counts
+    # (matmuls, convolutions, attention), weighed by their roofline time on the profile's
+    # device, in [0, 1]: what a replay of it still costs under ``torch.compile``, where the
+    # other ops fuse into their consumers' kernels (`cost.compiled`). None: not recorded
+    flop_share: float | None = None
 
     @property
     def saved_bytes(self) -> int:
