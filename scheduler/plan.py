@@ -22,6 +22,7 @@ from .budget import budget_spec, infeasible_error, parse_budget
 from .capture.calls import call_inputs
 from .capture.profile import check_profile_options, profile_step, trace_without_running
 from .capture.usercode import UserCodeWarning
+from .cost.compiled import check_execution, costs_for
 from .cost.estimate import Estimate
 from .cost.simulate import simulate
 from .distributed import same_schedule
@@ -132,6 +133,9 @@ class Plan:
             f"  recompute       {format_seconds(e.recompute_s)} "
             f"(+{e.overhead:.1%} of the step, {format_seconds(e.step_s)} in all)",
             f"  regions         {len(self.schedule.regions)} ({rc} recomputed)",
+            *([f"  time model      {self.schedule.meta['execution']} (what a replay costs "
+               f"under torch.compile; the peak is the eager step's)"]
+              if self.schedule.meta.get("execution", "eager") != "eager" else []),
         ])
 
     def __repr__(self) -> str:
@@ -218,7 +222,8 @@ def _shapes(shapes: Any) -> str:
 
 
 def solve_graph(graph: CostGraph, budget: int | float | str, *, solver: str = "auto",
-                time_limit_s: float | None = 30.0, headroom: float = 0.0) -> SolveResult:
+                time_limit_s: float | None = 30.0, headroom: float = 0.0,
+                execution: str = "eager") -> SolveResult:
     """Solve a profiled graph for the schedule with the least recompute time within a budget.
 
     Args:
@@ -233,27 +238,38 @@ def solve_graph(graph: CostGraph, budget: int | float | str, *, solver: str = "a
             ``budget * (1 - headroom)``. In [0, 1); default 0, because the budget given here
             is the step's peak the caller asks for (`advise` and `max_batch`, which start
             from a device's memory, default to 0.1).
+        execution: how the plan's step will run, which sets what a replay costs:
+            ``"eager"`` (default: as profiled) or ``"compiled"``, for ``torch.compile`` of the
+            plan's module (`cost.compiled`: matmuls, convolutions and attention replay at
+            their eager time, the ops that fuse into backward's kernels and the checkpoint's
+            machinery cost nothing). Peaks are the eager cost model's either way.
 
     Returns:
         The solver's `SolveResult`, certified: ``OPTIMAL`` or ``FEASIBLE`` over the full
-        schedule space; its ``budget_bytes`` is the budget after headroom.
+        schedule space, under ``execution``'s time model (its estimate's recompute is that
+        model's; ``schedule.meta["execution"]`` names it); its ``budget_bytes`` is the
+        budget after headroom.
 
     Raises:
         InfeasibleBudgetError: the solver found nothing that fits; the message names the
             smallest feasible budget.
         UnknownSolverError: ``solver`` is not registered (the message lists valid names).
-        ValueError: a bad budget, time limit or headroom.
+        ValueError: a bad budget, time limit, headroom or execution.
     """
     time_limit_s = check_time_limit(time_limit_s)
     if not (isinstance(headroom, numbers.Real) and 0 <= headroom < 1):
         raise ValueError(f"headroom must be a fraction in [0, 1), got {headroom!r}")
     get_solver(solver)  # (an unknown name fails before anything runs)
-    unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
+    costs = costs_for(graph, execution)
+    unconstrained = simulate(costs, Schedule.none(costs)).peak_bytes
     budget_bytes = parse_budget(budget, unconstrained)
     target = int(budget_bytes * (1 - headroom))
-    result = solve_and_certify(graph, target, solver, time_limit_s=time_limit_s)
+    result = solve_and_certify(costs, target, solver, time_limit_s=time_limit_s)
     if result.status == INFEASIBLE:
-        raise infeasible_error(graph, solver, result, budget_bytes, headroom, budget)
+        raise infeasible_error(costs, solver, result, budget_bytes, headroom, budget)
+    if execution != "eager" and result.schedule is not None:
+        result = dataclasses.replace(result, schedule=dataclasses.replace(
+            result.schedule, meta={**result.schedule.meta, "execution": execution}))
     return result
 
 
@@ -263,7 +279,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
           time_limit_s: float | None = 30.0, headroom: float = 0.0, repeats: int = 3,
           progress: Callable[[str], None] | None = None, mode: str = "auto",
           times: str | None = None, device: str | torch.device | None = None,
-          device_spec: Any = None, small_inputs: Sequence[Any] | None = None) -> Plan:
+          device_spec: Any = None, small_inputs: Sequence[Any] | None = None,
+          execution: str = "eager") -> Plan:
     """Find the checkpointing schedule with the least recompute time whose predicted peak
     memory fits ``budget``, and apply it.
 
@@ -298,6 +315,10 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
             profile (``plan.graph.meta["profile"]`` says which ran). With ``mode="fake"``
             inputs may be meta tensors or ``(shape, dtype)`` specs; ``device="cuda"`` plans
             for a device the model is not on (``plan.module`` runs where the model is).
+        execution: ``"eager"`` (default), or ``"compiled"`` to plan for
+            ``torch.compile(plan.module)``: what a replay costs compiled (see `solve_graph`).
+            The budget holds for the eager step's predicted peak; measure the compiled one
+            (inductor's buffers differ, usually lower).
 
     Returns:
         A `Plan`: ``plan.module``, ``plan.estimate``, ``plan.status``, ``plan.save(path)``.
@@ -316,6 +337,7 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     """
     budget_spec(budget)  # fail now, not after profiling
     check_time_limit(time_limit_s)
+    check_execution(execution)
     get_solver(solver)
     check_profile_options(mode, times, device_spec)
     say = progress or (lambda _msg: None)
@@ -324,11 +346,12 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
                                      device_spec=device_spec, small_inputs=small_inputs)
     say(f"solving with {solver}")
     result = solve_graph(graph, budget, solver=solver, time_limit_s=time_limit_s,
-                         headroom=headroom)
+                         headroom=headroom, execution=execution)
     assert result.schedule is not None and result.estimate is not None, result
     schedule = same_schedule(result.schedule, graph=graph)  # rank 0's, under torch.distributed
     if schedule is not result.schedule:
-        result = dataclasses.replace(result, schedule=schedule, estimate=simulate(graph, schedule),
+        result = dataclasses.replace(result, schedule=schedule,
+                                     estimate=simulate(costs_for(graph, execution), schedule),
                                      status=schedule.status, gap=schedule.gap)
     # the shapes solved for, which `apply` checks if the fingerprint is ever removed
     stamped = dataclasses.replace(schedule, meta={**schedule.meta, INPUT_SHAPES: input_shapes(gm)})

@@ -81,6 +81,24 @@ def test_fx_plan_compiles_to_one_graph_with_the_models_gradients(gpt_plan: Any) 
     assert torch.equal(eager[0], ref[0]) and all(map(torch.equal, eager[1], ref[1]))
 
 
+def test_plan_solved_for_compile_runs_in_one_graph_with_the_models_gradients() -> None:
+    """A plan solved with ``execution="compiled"`` (replays of what fuses are free, so it
+    recomputes more and keeps the matmuls' outputs) is the model under compile as well."""
+    model, inputs = gpt()
+    plan = scheduler.solve(model, inputs, budget="60%", execution="compiled", time_limit_s=10)
+    assert plan.schedule.meta["execution"] == "compiled"
+    assert plan.estimate.peak_bytes <= plan.budget_bytes
+    assert any(r.recompute for r in plan.schedule.regions)
+    ex = dynamo.explain(plan.module)(*inputs)
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons
+    dynamo.reset()
+    ref = grads(model, *inputs)
+    torch.testing.assert_close(grads(torch.compile(plan.module, backend=AOT, fullgraph=True),
+                                     *inputs), ref)
+    eager = grads(plan.module, *inputs)
+    assert torch.equal(eager[0], ref[0]) and all(map(torch.equal, eager[1], ref[1]))
+
+
 def test_fallbacks_under_compile_compute_the_models_outputs(gpt_plan: Any) -> None:
     model, inputs, plan = gpt_plan
     compiled = torch.compile(plan.module, backend=AOT)
