@@ -15,13 +15,17 @@ training steps, all on one torch thread:
   outputs, every second ``mm`` recomputed, recompute the rest; `_peers_variants.titan_policy`);
 * ``compile B``: ``torch.compile`` (inductor) with ``activation_memory_budget`` B, for B in 1.0,
   0.8, 0.6, 0.4, 0.2, 0.0;
-* ``ours B`` / ``ours B compiled``: our plan (``solve_graph``, solver ``auto``) at a budget B
-  equal to each measured peak of the compiled variants and at 85% and 70% of the lowest of
-  them, run eagerly and under ``torch.compile(plan.module)``; and, eagerly, at the measured
+* ``ours B``: our plan (``solve_graph``, solver ``auto``) at a budget B equal to each measured
+  peak of the compiled variants, at 85% and 70% of the lowest of them, and at the measured
   peaks of ``every_block``, ``sqrt`` and ``selective AC`` (budgets within 1% of each other
-  merged into the lower). A plan whose eager peak measures above its budget is solved again
-  at the budget less the excess (`our_plan`), and so is a compiled plan whose compiled peak
-  does (`our_compiled_plan`).
+  merged into the lower), run eagerly; a plan whose eager peak measures above its budget is
+  solved again at the budget less the excess (`our_plan`);
+* ``ours B compiled``: at the compile peaks and below them, our plan for compiled execution
+  (``execution="compiled"``: replays priced as under ``torch.compile``, `cost.compiled`) run
+  as ``torch.compile(plan.module)``, solved again below B while its compiled peak measures
+  above it (`our_compiled_plan`); and ``ours none compiled``, our module without
+  checkpointing compiled, the compiled base whose measured step the compiled plans'
+  predictions start from (`compiled_step_ratios`).
 
 Step times are medians over ``--rounds`` interleaved rounds (each round runs every variant
 once) and are given over ``none``'s. Every variant's peak is measured the same way, from the
@@ -30,7 +34,9 @@ allocations); for the eager variants the storage tracker's peak (`scheduler.meas
 shown beside it. Where our cost model has a schedule for a variant (``none``, ``every_block``
 as our ``every_block`` schedule, ``sqrt``, our plans) its predicted peak and predicted step
 (over the predicted unscheduled step) are shown beside the measured ones; for a compiled plan
-only the eager plan's predicted peak (the cost model does not model compiled steps). The FX-graph and
+the predicted peak is the eager step's (the cost model does not predict inductor's buffers)
+and the predicted step is the compiled base's measured step plus the plan's compiled
+replays. The FX-graph and
 AOT-autograd caches are off and each compiled variant has its own backend and module copy, so
 no budget reuses another's graph; the ``graphs`` column counts the graphs each compiled.
 
@@ -78,6 +84,7 @@ from _peers_variants import (
 
 import scheduler
 from scheduler.budget import InfeasibleBudgetError
+from scheduler.cost.compiled import compiled_costs
 from scheduler.cost.simulate import simulate
 from scheduler.ir.schedule import Schedule
 from scheduler.solvers import get_solver
@@ -145,30 +152,31 @@ def our_plan(graph: Any, model: Any, inputs: tuple[Any, ...], budget: int, *,
     return v
 
 
-def our_compiled_plan(graph: Any, model: Any, inputs: tuple[Any, ...], budget: int,
-                      eager: Variant, *, time_limit_s: float, predicted: Any) -> Variant:
-    """``torch.compile`` of our plan whose compiled peak, measured by the profiler's memory
-    events, is at most ``budget``: the eager plan ``eager`` compiled, and where inductor's
-    own buffers take it above (the cost model predicts the eager step, not inductor's), a
-    plan solved at ``budget`` less the compiled excess, compiled again, up to `RESOLVE` times.
-    The last try when none of them measures within ``budget``, or when none fits below it."""
-    target, plan = budget, eager
+def our_compiled_plan(graph: Any, model: Any, inputs: tuple[Any, ...], budget: int, *,
+                      time_limit_s: float, predicted: Any) -> Variant | None:
+    """``torch.compile`` of our plan for compiled execution (``execution="compiled"``: what a
+    replay costs compiled, `cost.compiled`) whose compiled peak, measured by the profiler's
+    memory events, is at most ``budget``: solved at ``budget``, and where inductor's own
+    buffers take it above (the cost model predicts the eager step's peak), solved again at
+    ``budget`` less the compiled excess, up to `RESOLVE` times. The last try when none of
+    them measures within ``budget``; None when nothing fits even the eager prediction."""
+    target, c = budget, None
     for attempt in range(RESOLVE + 1):
-        c = Variant(f"{eager.name} compiled", "ours compiled", None, inputs,  # type: ignore
-                    compiled=True, budget_bytes=budget, predicted=plan.predicted,
-                    note="solved again below the budget, compiled" if attempt else "")
-        c.module = compiled(plan.module, None, c.graphs)
+        try:
+            result = scheduler.solve_graph(graph, target, time_limit_s=time_limit_s,
+                                           execution="compiled")
+        except InfeasibleBudgetError:
+            break
+        c = Variant(f"ours {budget / 2**20:.3f} MiB compiled", "ours compiled", None,  # type: ignore
+                    inputs, compiled=True, budget_bytes=budget,
+                    predicted=predicted(result.schedule, "compiled"),
+                    note="solved again below the budget" if attempt else "")
+        c.module = compiled(scheduler.apply(model, result.schedule, inputs), None, c.graphs)
         c.step()
         c.peaks = peaks(c)
         if c.peaks[0] <= budget:
             break
         target -= c.peaks[0] - budget
-        try:
-            result = scheduler.solve_graph(graph, target, time_limit_s=time_limit_s)
-        except InfeasibleBudgetError:
-            break
-        plan = Variant(eager.name, "ours", scheduler.apply(model, result.schedule, inputs),
-                       inputs, budget_bytes=budget, predicted=predicted(result.schedule))
     return c
 
 
@@ -184,8 +192,16 @@ def race(key: str, *, quick: bool, compile_budgets: tuple[float, ...], rounds: i
     graph = scheduler.profile(model, inputs, repeats=3)
     unscheduled = simulate(graph, Schedule.none(graph), timeline=False)
 
-    def predicted(schedule: Any) -> dict[str, float]:
+    compiled_graph = compiled_costs(graph)
+
+    def predicted(schedule: Any, execution: str = "eager") -> dict[str, float]:
+        """The eager cost model's peak, and the eager step over the unscheduled one; or, for
+        ``execution="compiled"``, the compiled replays' seconds (`compiled_step_ratios` makes
+        a step of them once the compiled base is timed)."""
         est = simulate(graph, schedule, timeline=False)
+        if execution == "compiled":
+            return {"peak_bytes": est.peak_bytes, "compiled_recompute_s":
+                    simulate(compiled_graph, schedule, timeline=False).recompute_s}
         return {"peak_bytes": est.peak_bytes, "step_ratio": est.step_s / unscheduled.step_s}
 
     def baseline(name: str) -> Any:
@@ -205,6 +221,15 @@ def race(key: str, *, quick: bool, compile_budgets: tuple[float, ...], rounds: i
         v = Variant(f"compile {b:.1f}", "compile", None, inputs, compiled=True)  # type: ignore
         v.module = compiled(copy.deepcopy(model), b, v.graphs)
         say(f"{label}: compiling at activation_memory_budget={b}")
+        v.step()
+        variants.append(v)
+    if compile_plans and compile_budgets:
+        # our module with no checkpointing, compiled: the compiled step our plans add their
+        # compiled replays to (`compiled_step_ratios`)
+        v = Variant("ours none compiled", "ours compiled", None, inputs,  # type: ignore
+                    compiled=True, predicted=predicted(Schedule.none(graph), "compiled"))
+        v.module = compiled(scheduler.apply(model, Schedule.none(graph), inputs), None, v.graphs)
+        say(f"{label}: compiling {v.name}")
         v.step()
         variants.append(v)
     for v in variants:
@@ -229,12 +254,16 @@ def race(key: str, *, quick: bool, compile_budgets: tuple[float, ...], rounds: i
             continue
         variants.append(ours)
         if compile_plans and with_compiled:
-            say(f"{label}: compiling {ours.name}")
-            variants.append(our_compiled_plan(graph, model, inputs, budget, ours,
-                                              time_limit_s=time_limit_s, predicted=predicted))
+            say(f"{label}: compiling our plan for {budget} bytes")
+            c = our_compiled_plan(graph, model, inputs, budget, time_limit_s=time_limit_s,
+                                  predicted=predicted)
+            if c is not None:
+                variants.append(c)
     say(f"{label}: timing {len(variants)} variants")
     times = time_rounds(variants, rounds, say)
     base = statistics.median(times[0])  # (none's)
+    compiled_step_ratios(variants, [statistics.median(ts) for ts in times],
+                         graph.measured_step_s)
     rows = []
     for v, ts in zip(variants, times):
         step = statistics.median(ts)
@@ -245,6 +274,25 @@ def race(key: str, *, quick: bool, compile_budgets: tuple[float, ...], rounds: i
     return dict(key=key, label=label, rows=rows, infeasible=infeasible, rounds=rounds,
                 nodes=len(graph.compute_nodes), blocks=len(paths),
                 inputs=graph.meta.get("inputs", ""))
+
+
+def compiled_step_ratios(variants: list[Variant], steps: list[float],
+                         profiled_step_s: float) -> None:
+    """Give each compiled plan of ours a predicted step over ``none``'s
+    (``predicted["step_ratio"]``): the measured step of our module compiled without
+    checkpointing (``ours none compiled``, the compiled base) plus its compiled replays
+    (`cost.compiled`), these converted from the profile's seconds to this run's by the ratio
+    of ``none``'s step here (``steps[0]``) to the profiled one: the compiled counterpart of
+    the eager prediction, which adds replays to the profiled unscheduled step."""
+    names = [v.name for v in variants]
+    if "ours none compiled" not in names or profiled_step_s <= 0:
+        return
+    base = steps[names.index("ours none compiled")]
+    scale = steps[0] / profiled_step_s
+    for v in variants:
+        rc = v.predicted.get("compiled_recompute_s")
+        if rc is not None:
+            v.predicted["step_ratio"] = (base + rc * scale) / steps[0]
 
 
 def mib(b: int | None) -> str:
@@ -261,9 +309,9 @@ def table(result: dict[str, Any]) -> Any:
                 "predicted peak MiB", "graphs"):
         t.add_column(col, justify="left" if col == "variant" else "right")
     for r in result["rows"]:
-        # (the cost model predicts eager steps: a compiled row shows only its predicted peak,
-        # the eager plan's, to set beside the compiled peak)
-        pr = None if r["graphs"] is not None else r.get("predicted_step_ratio")
+        # (a compiled plan's predicted step is its compiled replays added to the compiled
+        # base's measured step, `compiled_step_ratios`; its predicted peak is the eager one)
+        pr = r.get("predicted_step_ratio")
         t.add_row(r["name"] + (f" ({r['note']})" if r["note"] else ""), mib(r["budget"]), mib(r["peak"]), mib(r["tracked"]),
                   f"{r['step_s'] * 1e3:.1f} ms", f"{r['ratio']:.3f}",
                   "-" if pr is None else f"{pr:.3f}",

@@ -103,3 +103,18 @@ def test_an_unknown_device_is_refused() -> None:
 def test_device_of_is_the_first_parameters_device() -> None:
     assert _peers_variants.device_of(torch.nn.Linear(2, 2)).type == "cpu"
     assert _peers_variants.device_of(torch.nn.ReLU()).type == "cpu"  # (no parameters)
+
+
+def test_a_compiled_plans_predicted_step_is_the_compiled_base_plus_its_compiled_replays() -> None:
+    def variant(name: str, **predicted: float) -> _peers_variants.Variant:
+        return _peers_variants.Variant(name, "ours compiled", None, (), compiled=True,
+                                       predicted=dict(predicted))
+
+    vs = [variant("none"), variant("ours none compiled", compiled_recompute_s=0.0),
+          variant("ours 1 MiB compiled", compiled_recompute_s=0.004),
+          variant("ours 2 MiB", step_ratio=1.2)]
+    # this run's none step is 0.05 s against 0.04 s profiled: profiled seconds count 1.25x
+    peers.compiled_step_ratios(vs, [0.05, 0.03, 0.036, 0.06], profiled_step_s=0.04)
+    assert vs[1].predicted["step_ratio"] == pytest.approx(0.03 / 0.05)
+    assert vs[2].predicted["step_ratio"] == pytest.approx((0.03 + 0.004 * 1.25) / 0.05)
+    assert vs[3].predicted["step_ratio"] == 1.2  # (an eager plan keeps its own)
