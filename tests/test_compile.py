@@ -87,6 +87,7 @@ def test_plan_solved_for_compile_runs_in_one_graph_with_the_models_gradients() -
     model, inputs = gpt()
     plan = scheduler.solve(model, inputs, budget="60%", execution="compiled", time_limit_s=10)
     assert plan.schedule.meta["execution"] == "compiled"
+    assert "time model      compiled" in plan.summary()
     assert plan.estimate.peak_bytes <= plan.budget_bytes
     assert any(r.recompute for r in plan.schedule.regions)
     ex = dynamo.explain(plan.module)(*inputs)
