@@ -67,8 +67,9 @@ def grads(module: nn.Module, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, l
     return got
 
 
-def test_fx_plan_compiles_to_one_graph_with_the_models_gradients(gpt_plan: Any) -> None:
-    model, inputs, plan = gpt_plan
+def assert_one_graph_with_the_models_gradients(model: nn.Module, inputs: Any, plan: Any) -> None:
+    """The plan recomputes something, compiles to one graph without breaks, computes the
+    model's loss and gradients compiled, and bit for bit eagerly."""
     assert any(r.recompute for r in plan.schedule.regions)
     ex = dynamo.explain(plan.module)(*inputs)
     assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons
@@ -76,9 +77,12 @@ def test_fx_plan_compiles_to_one_graph_with_the_models_gradients(gpt_plan: Any) 
     ref = grads(model, *inputs)
     torch.testing.assert_close(grads(torch.compile(plan.module, backend=AOT, fullgraph=True),
                                      *inputs), ref)
-    # eager, the plan is the model bit for bit
     eager = grads(plan.module, *inputs)
     assert torch.equal(eager[0], ref[0]) and all(map(torch.equal, eager[1], ref[1]))
+
+
+def test_fx_plan_compiles_to_one_graph_with_the_models_gradients(gpt_plan: Any) -> None:
+    assert_one_graph_with_the_models_gradients(*gpt_plan)
 
 
 def test_plan_solved_for_compile_runs_in_one_graph_with_the_models_gradients() -> None:
@@ -89,15 +93,7 @@ def test_plan_solved_for_compile_runs_in_one_graph_with_the_models_gradients() -
     assert plan.schedule.meta["execution"] == "compiled"
     assert "time model      compiled" in plan.summary()
     assert plan.estimate.peak_bytes <= plan.budget_bytes
-    assert any(r.recompute for r in plan.schedule.regions)
-    ex = dynamo.explain(plan.module)(*inputs)
-    assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons
-    dynamo.reset()
-    ref = grads(model, *inputs)
-    torch.testing.assert_close(grads(torch.compile(plan.module, backend=AOT, fullgraph=True),
-                                     *inputs), ref)
-    eager = grads(plan.module, *inputs)
-    assert torch.equal(eager[0], ref[0]) and all(map(torch.equal, eager[1], ref[1]))
+    assert_one_graph_with_the_models_gradients(model, inputs, plan)
 
 
 def test_fallbacks_under_compile_compute_the_models_outputs(gpt_plan: Any) -> None:
