@@ -198,10 +198,10 @@ def race(key: str, *, quick: bool, compile_budgets: tuple[float, ...], rounds: i
         """The eager cost model's peak, and the eager step over the unscheduled one; or, for
         ``execution="compiled"``, the compiled replays' seconds (`compiled_step_ratios` makes
         a step of them once the compiled base is timed)."""
+        if execution == "compiled":  # (the compiled view's peaks are the graph's)
+            est = simulate(compiled_graph, schedule, timeline=False)
+            return {"peak_bytes": est.peak_bytes, "compiled_recompute_s": est.recompute_s}
         est = simulate(graph, schedule, timeline=False)
-        if execution == "compiled":
-            return {"peak_bytes": est.peak_bytes, "compiled_recompute_s":
-                    simulate(compiled_graph, schedule, timeline=False).recompute_s}
         return {"peak_bytes": est.peak_bytes, "step_ratio": est.step_s / unscheduled.step_s}
 
     def baseline(name: str) -> Any:

@@ -297,7 +297,7 @@ def build_graph(prog: Program, rec: Rec, fwd_t: dict[str, float], bwd_t: list[fl
     for step, t in zip(rec.steps, bwd_t):
         bwd_by_node[step["node"]] += t
     compute = set(order)
-    spec = _local_spec(inputs)
+    spec = local_spec(device_of(None, inputs))  # (weighs each node's ops for flop_share)
     nodes = []
     for n in prog.nodes:
         path = module_path(n)
@@ -339,16 +339,11 @@ def flop_share(spec: DeviceSpec, ops: Any) -> float:
     return min(1.0, work_s(spec, [op for op in ops if op[0] > 0]) / total)
 
 
-def _local_spec(inputs: tuple[Any, ...]) -> DeviceSpec:
-    """`roofline.local_spec` of the device of the step's first tensor input (the CPU without
-    one): whose rates weigh a node's ops against each other for `flop_share`."""
-    dev = next((t.device for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)),
-               torch.device("cpu"))
-    return local_spec(dev)
-
-
-def device_of(model: nn.Module, inputs: tuple[Any, ...]) -> torch.device:
-    for t in (*model.parameters(), *pytree.tree_leaves(inputs)):
+def device_of(model: nn.Module | None, inputs: tuple[Any, ...]) -> torch.device:
+    """The device of the model's first parameter, else of the first tensor among the inputs
+    (``model`` None: the inputs only), else the CPU."""
+    params = model.parameters() if model is not None else ()
+    for t in (*params, *pytree.tree_leaves(inputs)):
         if isinstance(t, torch.Tensor):
             return t.device
     return torch.device("cpu")

@@ -123,9 +123,8 @@ def _node(i: int, nd: Any) -> Node:
     kw["saved"] = tuple(saved)
     kw["pack_mark"] = _C.count(f"{where}.pack_mark", nd.get("pack_mark"), optional=True)
     kw["sac_s"] = _C.seconds(f"{where}.sac_s", nd.get("sac_s"), optional=True)
-    share = nd.get("flop_share")
-    if share is not None and not (isinstance(share, (int, float)) and not isinstance(share, bool)
-                                  and 0 <= share <= 1):
+    share = _C.number(f"{where}.flop_share", nd.get("flop_share"), optional=True)
+    if share is not None and not 0 <= share <= 1:
         _C.fail(f"{where}.flop_share", f"{share!r} is not a fraction in [0, 1]")
     kw["flop_share"] = None if share is None else float(share)
     return Node(**kw)
