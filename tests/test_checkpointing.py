@@ -67,3 +67,63 @@ def test_the_calibration_times_the_region_module_the_executor_runs() -> None:
     torch.testing.assert_close(x.grad, x2.grad)
     call, saved = timing.checkpoint_costs(torch.device("cpu"), rounds=1)
     assert call >= 0 and saved >= 0
+
+
+class _Table(torch.nn.Module):
+    """A buffer several blocks read (as torchtitan's Llama shares its RoPE table)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.linspace(0.5, 1.5, dim))
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, dim: int, shared: _Table) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(dim, dim)
+        self.shared = shared  # (the same module object in every block)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.lin(x)) * self.shared.table + x  # (``mul`` saves the table)
+
+
+class _SharedBuffer(torch.nn.Module):
+    def __init__(self, dim: int = 16, depth: int = 4) -> None:
+        super().__init__()
+        self.table = _Table(dim)
+        self.blocks = torch.nn.ModuleList(_Block(dim, self.table) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x.pow(2).mean()
+
+
+def test_a_buffer_a_replay_only_reads_is_not_written_back() -> None:
+    """A region whose nodes read a buffer that kept nodes outside it also saved: the replay
+    restored every buffer it read with ``copy_``, which bumps the version counter, so the kept
+    nodes' backward refused to run ("modified by an inplace operation"). Each block recomputed
+    alone, every other block kept: loss and gradients are the unmodified model's."""
+    torch.manual_seed(0)
+    model, x = _SharedBuffer(), torch.randn(32, 16)
+    reference = _SharedBuffer()
+    reference.load_state_dict(model.state_dict())
+    reference(x).backward()
+    graph = scheduler.profile(model, (x,), repeats=1)
+    n = len(graph.compute_nodes)
+    blocks = [i for i, name in enumerate(graph.compute_nodes) if name.endswith("_lin")]
+    assert len(blocks) == 4
+    for b, start in enumerate(blocks):
+        stop = blocks[b + 1] if b + 1 < len(blocks) else n - 2  # (the loss stays kept)
+        spans = [(0, start, "keep")] if start else []
+        spans += [(start, stop, "recompute"), (stop, n, "keep")]
+        schedule = scheduler.Schedule.from_regions(graph, spans)
+        module = scheduler.apply(model, schedule, (x,))
+        for p in model.parameters():
+            p.grad = None
+        loss = module(x)
+        loss.backward()
+        assert torch.equal(loss, reference(x)), b
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            assert torch.equal(p.grad, q.grad), (b, name)
+        assert torch.equal(model.table.table, torch.linspace(0.5, 1.5, 16))
