@@ -54,9 +54,16 @@ def check_destination(path: str | Path, kind: str, *, what: str = "the output") 
     except OSError as e:
         raise ValueError(f"{what} {str(p)!r} cannot be written: cannot create its folder "
                          f"({e.strerror or e}); choose another path") from None
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{what} {str(p)!r} cannot be written: no permission to write in "
-                         f"{str(parent)!r}; choose another path")
+    # (a trial file where `write_atomic` will make its own: ``os.access`` answers yes to root
+    # for a read-only mount or a kernel file system such as /sys, where creating one fails)
+    try:
+        fd, trial = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".check", dir=parent)
+    except OSError as e:
+        raise ValueError(f"{what} {str(p)!r} cannot be written: creating a file in "
+                         f"{str(parent)!r} failed ({e.strerror or e}); choose another path"
+                         ) from None
+    os.close(fd)
+    os.unlink(trial)
     if p.exists():
         if not p.is_file():
             raise ValueError(f"{what} {str(p)!r} is not a regular file (a device or a pipe); "

@@ -95,7 +95,7 @@ def test_an_unwritable_folder_is_named(tmp_path):
     locked.mkdir()
     os.chmod(locked, 0o500)
     try:
-        with pytest.raises(ValueError, match="no permission to write"):
+        with pytest.raises(ValueError, match="cannot be written: creating a file in"):
             check_destination(locked / "s.json", "json")
     finally:
         os.chmod(locked, 0o700)
@@ -116,3 +116,17 @@ def test_cli_out_over_the_models_source_fails_before_profiling(tmp_path):
     assert code == 2 and len(lines) == 1, err
     assert "refusing to write over it" in lines[0] and "mycopy.py" in lines[0]
     assert model.read_text() == source
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="needs Linux's /sys")
+def test_a_folder_where_no_file_can_be_made_is_named_before_any_work(tmp_path):
+    """``--out /sys/x.json`` (run as root, as CI does, ``os.access`` says yes) profiled and
+    solved for 42 s before it said it could not write: the destination is tried first."""
+    with pytest.raises(ValueError, match="cannot be written: creating a file in '/sys'"):
+        check_destination("/sys/x.json", "json")
+    model = tmp_path / "m.py"
+    model.write_text("def small():\n    raise AssertionError('the model was built')\n")
+    code, _, err = run(["solve", f"{model}:small", "--budget", "70%", "--out", "/sys/x.json"])
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert "'/sys/x.json' cannot be written" in lines[0]
