@@ -8,7 +8,8 @@ Eager-only bookkeeping, skipped when ``torch.compiler.is_compiling()``: after a 
 (`run_saved`) the replay resets the RNG to where forward left it (the replay skips the node, so
 it draws no random numbers there, and a later dropout must draw forward's mask); buffers a
 region mutates (BatchNorm running statistics) are restored after its replay, so they are updated
-once per step; buffers it only reads are left alone (a restore bumps their version counter).
+once per step; buffers the replay left as they were are not written (a restore bumps their
+version counter).
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ class EagerCall:
         self.n = 0
         self.vals = vals
         self.rng: dict[str, tuple[Any, ...]] = {}
-        self.written: list[torch.Tensor] = []  # buffers forward wrote in place
 
 
 def run_saved(call: EagerCall | None, key: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -149,31 +149,29 @@ class CheckpointRegion(nn.Module):
     def _eager_body(self, call: EagerCall, attrs: tuple[Any, ...], *inputs: Any
                     ) -> tuple[Any, ...]:
         call.n += 1
+        replay = call.n > 1
+        buffers = self._buffers_now(attrs) if replay else []
         # (the body's ``forward``, not its module call: fx's call wrapper walks and formats the
         # traceback of every exception through it, and the replay ends by raising one when it
         # has recomputed what backward needs: about 0.2 ms a replay on a CPU)
-        if call.n == 1:
-            # which buffers forward writes (their version counters move), so that the replay
-            # restores those and no other: a restoring ``copy_`` bumps a buffer's version,
-            # and an op outside the region that saved a buffer the region only read (a RoPE
-            # table shared by every block) would then refuse to run its backward
-            before = [(b, b._version) for b in self._buffers_now(attrs)]
-            try:
-                return self.body.forward(call, attrs, *inputs)
-            finally:
-                call.written = [b for b, v in before if b._version != v]
-        if not call.written:
+        if not buffers:
             return self.body.forward(call, attrs, *inputs)
         # outside every dispatch mode: selective checkpointing expects the replay to run
         # exactly the ops forward ran, and these copies are not part of the model
         with _python_dispatch._disable_current_modes(), torch.no_grad():
-            saved = [b.clone() for b in call.written]
+            saved = [b.clone() for b in buffers]
         try:
             return self.body.forward(call, attrs, *inputs)
         finally:
+            # only the buffers the replay wrote are put back: a ``copy_`` bumps a buffer's
+            # version counter, and an op outside the region that saved a buffer the region
+            # only read (a RoPE table shared by every block) would then refuse its backward.
+            # By value, not by version: BatchNorm's kernels update running statistics
+            # without bumping it
             with _python_dispatch._disable_current_modes(), torch.no_grad():
-                for b, s in zip(call.written, saved):
-                    b.copy_(s)
+                for b, s in zip(buffers, saved):
+                    if not torch.equal(b, s):
+                        b.copy_(s)
 
     def _buffers_now(self, attrs: tuple[Any, ...]) -> list[torch.Tensor]:
         bufs = {id(b): b for m in self.buffer_modules for b in m.buffers()}
