@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .measurement.breakdown import StepBreakdown, measure_training_step
     from .measurement.step import Measurement, measure
     from .plan import Plan, apply, solve, solve_graph
-    from .rewrite import PlanForward, planned
+    from .rewrite import PlanFallbackError, PlanForward, planned
     from .workflows.advice import Advice
     from .workflows.advise import advise
     from .workflows.compare import Comparison, compare
@@ -44,7 +44,7 @@ _SOURCES = {
     ".measurement.breakdown": ("StepBreakdown", "measure_training_step"),
     ".measurement.step": ("Measurement", "measure"),
     ".plan": ("Plan", "apply", "solve", "solve_graph"),
-    ".rewrite": ("PlanForward", "planned"),
+    ".rewrite": ("PlanFallbackError", "PlanForward", "planned"),
     ".workflows.advice": ("Advice",),
     ".workflows.advise": ("advise",),
     ".workflows.compare": ("Comparison", "compare"),
@@ -55,7 +55,7 @@ _SOURCE_OF = {name: module for module, names in _SOURCES.items() for name in nam
 
 __all__ = ["Advice", "Comparison", "CostGraph", "CostGraphError", "DeviceSpec", "Estimate",
            "FakeProfileError", "Floor", "InfeasibleBudgetError", "MaxBatch", "Measurement",
-           "Plan", "PlanForward", "Region", "RejectedInputsError", "Schedule", "ScheduleError",
+           "Plan", "PlanFallbackError", "PlanForward", "Region", "RejectedInputsError", "Schedule", "ScheduleError",
            "StepBreakdown", "TraceError", "advise", "apply", "compare", "floor", "max_batch",
            "measure", "measure_training_step", "parse_budget", "planned", "profile", "simulate", "solve",
            "solve_graph", "trace"]

@@ -30,7 +30,7 @@ from .ir.graph import CostGraph
 from .ir.schedule import Schedule, ScheduleError
 from .measurement.step import measure
 from .report import plot_timeline
-from .rewrite import rewrite
+from .rewrite import check_on_fallback, rewrite
 from .solvers.base import INFEASIBLE, SolveResult, get_solver
 from .solvers.certify import solve_and_certify
 from .units import check_time_limit, format_bytes, format_seconds
@@ -149,7 +149,8 @@ class Plan:
 
 def apply(model: nn.Module, schedule: Schedule | str | Path,
           example_inputs: Sequence[Any] | Mapping[str, Any], *,
-          loss_fn: Callable[[Any], torch.Tensor] | None = None) -> nn.Module:
+          loss_fn: Callable[[Any], torch.Tensor] | None = None, on_fallback: str = "warn"
+          ) -> nn.Module:
     """Return ``model`` with a saved schedule applied, without solving.
 
     Args:
@@ -159,6 +160,8 @@ def apply(model: nn.Module, schedule: Schedule | str | Path,
         example_inputs: inputs (positional, or a mapping of keywords) with the shapes the
             schedule was solved for.
         loss_fn: the loss used when solving, if any.
+        on_fallback: what a training call that cannot run the plan does: ``"warn"``
+            (default) or ``"raise"`` (see `rewrite.rewrite`).
 
     Raises:
         ScheduleError: the schedule's file is malformed, or it was made for a model whose
@@ -169,6 +172,7 @@ def apply(model: nn.Module, schedule: Schedule | str | Path,
             the ones `solve` recorded for it (`INPUT_SHAPES`), naming both, or records none, so
             that its shapes cannot be checked: its predicted memory holds only for those.
     """
+    check_on_fallback(on_fallback)
     if not isinstance(schedule, Schedule):
         schedule = Schedule.load(schedule)
     inputs = call_inputs(model, example_inputs)
@@ -181,7 +185,8 @@ def apply(model: nn.Module, schedule: Schedule | str | Path,
                 f"but {type(model).__name__} with inputs "
                 f"{[tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor)]} traces to "
                 f"{fp!r}: the model's structure or input shapes differ; solve again for it")
-    module = rewrite(gm, schedule, model)  # (a schedule of another model fails here)
+    # (a schedule of another model fails here)
+    module = rewrite(gm, schedule, model, on_fallback=on_fallback)
     if not schedule.fingerprint:
         _check_shapes(schedule, input_shapes(gm), type(model).__name__)
     return module
@@ -280,7 +285,7 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
           progress: Callable[[str], None] | None = None, mode: str = "auto",
           times: str | None = None, device: str | torch.device | None = None,
           device_spec: Any = None, small_inputs: Sequence[Any] | None = None,
-          execution: str = "eager") -> Plan:
+          execution: str = "eager", on_fallback: str = "warn") -> Plan:
     """Find the checkpointing schedule with the least recompute time whose predicted peak
     memory fits ``budget``, and apply it.
 
@@ -319,6 +324,10 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
             ``torch.compile(plan.module)``: what a replay costs compiled (see `solve_graph`).
             The budget holds for the eager step's predicted peak; measure the compiled one
             (inductor's buffers differ, usually lower).
+        on_fallback: what a training call of ``plan.module`` that cannot run the plan does:
+            ``"warn"`` (default: the model's own forward runs, with a warning at its 1st,
+            10th, 100th, ... such step) or ``"raise"`` (`rewrite.PlanFallbackError`); the
+            counts are ``plan.module.forward.planned_steps`` and ``.fallback_steps``.
 
     Returns:
         A `Plan`: ``plan.module``, ``plan.estimate``, ``plan.status``, ``plan.save(path)``.
@@ -338,6 +347,7 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     budget_spec(budget)  # fail now, not after profiling
     check_time_limit(time_limit_s)
     check_execution(execution)
+    check_on_fallback(on_fallback)
     get_solver(solver)
     check_profile_options(mode, times, device_spec)
     say = progress or (lambda _msg: None)
@@ -360,7 +370,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     budget_bytes = parse_budget(budget, unconstrained)
     own = (_own_peak(gm, model, inputs, budget_bytes, result.estimate, say)
            if graph.meta.get("profile", {}).get("mode") != "fake" else None)
-    return Plan(module=rewrite(gm, result.schedule, model), schedule=result.schedule,
+    return Plan(module=rewrite(gm, result.schedule, model, on_fallback=on_fallback),
+                schedule=result.schedule,
                 estimate=result.estimate, status=result.status, gap=result.gap,
                 solve_s=result.solve_s, graph=graph, result=result,
                 budget_bytes=budget_bytes, unconstrained_peak_bytes=unconstrained,

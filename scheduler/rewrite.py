@@ -21,8 +21,12 @@ When the plan runs, and when the model's own forward runs instead:
   computes: gradients off (``torch.no_grad``, ``inference_mode``: nothing would be saved),
   another mode than the one traced (``.eval()`` after a training-mode trace), keyword
   arguments that leave a traced input out or fill them out of order, inputs of other kinds, a
-  graph that differs at the new signature. A training step that falls back warns once per
-  cause, since its memory is not what the plan predicted.
+  graph that differs at the new signature. A training step that falls back warns, since its
+  memory is not what the plan predicted: at its 1st, 10th, 100th, ... fallback step and at
+  each new cause, with the counts, so that a job that trains unplanned for good cannot go unnoticed. The planned
+  module counts both (`PlanForward.planned_steps`, `PlanForward.fallback_steps`), and
+  ``on_fallback="raise"`` (`rewrite`, `solve`, `apply`) makes such a step a
+  `PlanFallbackError` instead.
 
 Under ``torch.compile(plan.module)`` the same dispatch runs, as plain Python that dynamo
 traces and guards on (grad mode, training flag, the inputs' kinds, shapes and dtypes, the
@@ -57,29 +61,50 @@ from .distributed import check_wrapping, hook_ids
 from .ir.schedule import Schedule, ScheduleError
 from .regions import CheckpointedStep
 
-__all__ = ["MAX_TRACES", "PlanForward", "planned", "rewrite"]
+__all__ = ["FALLBACK_ACTIONS", "MAX_TRACES", "PlanFallbackError", "PlanForward", "planned",
+           "rewrite"]
 
 #: Distinct call signatures (shapes, non-tensor arguments, autocast state) a planned module
 #: traces for; calls beyond them run the model's own forward, with a warning.
 MAX_TRACES = 8
 
+#: What a training call that cannot run the plan does (`PlanForward.on_fallback`).
+FALLBACK_ACTIONS = ("warn", "raise")
 
-def rewrite(gm: fx.GraphModule, schedule: Schedule, model: nn.Module) -> nn.Module:
+
+class PlanFallbackError(RuntimeError):
+    """A training call could not run the plan and ``on_fallback="raise"`` was asked for."""
+
+
+def check_on_fallback(on_fallback: str) -> str:
+    """``on_fallback`` if it is one of `FALLBACK_ACTIONS`, else a ValueError naming them."""
+    if on_fallback not in FALLBACK_ACTIONS:
+        raise ValueError(f"on_fallback must be one of {', '.join(map(repr, FALLBACK_ACTIONS))}, "
+                         f"got {on_fallback!r}")
+    return on_fallback
+
+
+def rewrite(gm: fx.GraphModule, schedule: Schedule, model: nn.Module, *,
+            on_fallback: str = "warn") -> nn.Module:
     """The planned copy of ``model`` that runs ``schedule`` over the graph ``gm`` traced from it.
 
     The schedule's regions must name exactly the graph's model nodes in order (validate it
-    against the profiled `CostGraph` first for a fingerprint check).
+    against the profiled `CostGraph` first for a fingerprint check). ``on_fallback``: what a
+    training call that cannot run the plan does, ``"warn"`` (run the model's own forward,
+    warning at its 1st, 10th, 100th, ... such step and at each new cause) or ``"raise"`` (`PlanFallbackError`).
 
     Raises:
         ScheduleError: the schedule does not match the graph, or a recompute region would
             replay a value written in place after it (the message names the op).
     """
+    check_on_fallback(on_fallback)
     module = module_copy(model)
     step = CheckpointedStep(gm, schedule, root=module)
     base = model.__dict__.get("forward")
     if isinstance(base, PlanForward):
         base = base.base
-    module.__dict__["forward"] = PlanForward(module, step, base, known_hooks=hook_ids(model))
+    module.__dict__["forward"] = PlanForward(module, step, base, known_hooks=hook_ids(model),
+                                             on_fallback=on_fallback)
     return module
 
 
@@ -97,11 +122,15 @@ class PlanForward:
         loss_fn: the loss the model was traced with (used by `scheduler.measure`).
         info: the `TraceInfo` of the trace the plan was solved on.
         base: the model's own instance-level ``forward``, if it had one (else its class's).
+        planned_steps: eager training calls (gradients on, training mode) that ran the plan
+            (under ``torch.compile`` the compiled calls are not counted).
+        fallback_steps: eager training calls that ran the model's own forward instead.
+        on_fallback: ``"warn"`` or ``"raise"`` (`FALLBACK_ACTIONS`), settable.
     """
 
     def __init__(self, module: nn.Module, step: CheckpointedStep,
                  base: Callable[..., Any] | None = None, *,
-                 known_hooks: frozenset[int] = frozenset()):
+                 known_hooks: frozenset[int] = frozenset(), on_fallback: str = "warn"):
         self.module = module
         self.known_hooks = known_hooks  # hooks there were when it was traced (in the graph)
         self.schedule = step.schedule
@@ -112,6 +141,9 @@ class PlanForward:
                                       step.info.autocast, step.info.tracer)
         self._steps: dict[Any, CheckpointedStep | str] = {self.planned_key: step}
         self._warned: set[str] = set()
+        self.planned_steps = 0
+        self.fallback_steps = 0
+        self.on_fallback = check_on_fallback(on_fallback)
 
     @property
     def traces(self) -> int:
@@ -141,8 +173,9 @@ class PlanForward:
             call = (specs, input_constants(positional), autocast_state())
             step, why = self._step_for(positional, call)
         if step is None:
-            self._warn_fallback(why)
+            self._fall_back(why)
             return self._own_forward(*args, **kwargs)
+        self._count("planned_steps")
         self._warn_unplanned(call)
         check_wrapping(self.module, step.prog.called_modules, known=self.known_hooks)
         return step(positional)
@@ -152,13 +185,31 @@ class PlanForward:
             return self.base(*args, **kwargs)
         return type(self.module).forward(self.module, *args, **kwargs)
 
-    def _warn_fallback(self, why: str) -> None:
-        if torch.is_grad_enabled() and self.module.training and why not in self._warned:
+    def _count(self, attr: str) -> None:
+        # (not while dynamo traces: it would guard on the count's value and compile again at
+        # every step; compiled steps are not counted)
+        if not torch.compiler.is_compiling():
+            setattr(self, attr, getattr(self, attr) + 1)
+
+    def _fall_back(self, why: str) -> None:
+        """Count a training call that cannot run the plan, and warn at its 1st, 10th, 100th,
+        ... such call (or raise, with ``on_fallback="raise"``). Calls outside training
+        (gradients off, eval mode) are what the plan leaves to the model, silently."""
+        if not (torch.is_grad_enabled() and self.module.training):
+            return
+        self._count("fallback_steps")
+        n = self.fallback_steps
+        message = (f"this training step runs the model's own forward, not the checkpointed "
+                   f"plan: {why}. It computes the same loss and gradients, but its memory is "
+                   f"not what the plan predicted")
+        if self.on_fallback == "raise":
+            raise PlanFallbackError(message + " (on_fallback='raise')")
+        if n == 10 ** (len(str(n)) - 1) or why not in self._warned:  # 1, 10, 100, ... or new
             self._warned.add(why)
             warnings.warn(
-                f"this training step runs the model's own forward, not the checkpointed "
-                f"plan: {why}. It computes the same loss and gradients, but its memory is "
-                f"not what the plan predicted", RuntimeWarning, stacklevel=4)
+                f"{message}; {n} training step(s) have run unplanned so far, "
+                f"{self.planned_steps} planned (pass on_fallback='raise' to stop instead)",
+                RuntimeWarning, stacklevel=4)
 
     def _positional(self, args: tuple[Any, ...], kwargs: dict[str, Any]
                     ) -> tuple[Any, ...] | None:

@@ -146,6 +146,40 @@ def test_fewer_inputs_than_traced_run_the_model_with_a_warning() -> None:
     assert same(got, step(build(FunctionalDropout), X))
 
 
+def test_a_plan_that_stops_running_is_counted_and_warns_again_with_the_count() -> None:
+    """A job whose every training call falls back (as under HF Trainer's extra keywords)
+    trained unplanned for good after one warning: the steps are counted, the warning comes
+    back at the 10th and 100th with the counts, and eval calls are neither."""
+    model, plan = solved(FunctionalDropout, (X, Y))
+    fwd = planned(plan.module)
+    step(plan.module, X, Y)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(100):
+            got = step(plan.module, X)
+        with torch.no_grad():
+            plan.module(X)
+    assert same(got, step(build(FunctionalDropout), X))
+    counts = [str(w.message) for w in caught if "own forward" in str(w.message)]
+    assert len(counts) == 3, counts
+    for message, n in zip(counts, (1, 10, 100)):
+        assert f"{n} training step(s) have run unplanned so far, 1 planned" in message, message
+    assert (fwd.planned_steps, fwd.fallback_steps) == (1, 100)
+
+
+def test_on_fallback_raise_stops_a_step_that_cannot_run_the_plan() -> None:
+    model = build(FunctionalDropout)
+    plan = scheduler.solve(model, (X, Y), budget=1.0, solver="every_block", repeats=1,
+                           on_fallback="raise")
+    with pytest.raises(scheduler.PlanFallbackError, match="called with 1 inputs"):
+        plan.module(X)
+    with torch.no_grad():
+        plan.module(X)  # (outside training the model's own forward is what the plan runs)
+    assert same(step(plan.module, X, Y), step(build(FunctionalDropout), X, Y))
+    with pytest.raises(ValueError, match="on_fallback must be one of 'warn', 'raise'"):
+        scheduler.apply(model, plan.schedule, (X, Y), on_fallback="ignore")
+
+
 def test_exported_plan_in_eval_mode_is_the_models_eval() -> None:
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
     model, plan = solved(Branchy, (x,))
