@@ -42,9 +42,10 @@ class EagerCall:
     """One eager forward of a region and its backward replay: which call this is, the
     region's inputs, and the RNG state forward left after each save-set node."""
 
-    def __init__(self, vals: tuple[Any, ...]) -> None:
+    def __init__(self, vals: tuple[Any, ...], random: bool = True) -> None:
         self.n = 0
         self.vals = vals
+        self.random = random  # (a region that draws no random numbers keeps no RNG state)
         self.rng: dict[str, tuple[Any, ...]] = {}
 
 
@@ -52,7 +53,7 @@ def run_saved(call: EagerCall | None, key: str, fn: Any, /, *args: Any, **kwargs
     """``fn(*args, **kwargs)`` with its ops marked for saving (``call`` None: compiled)."""
     with fx_traceback.annotate({SAVE_KEY: True}):
         out = fn(*args, **kwargs)
-    if call is not None:
+    if call is not None and call.random:
         if call.n > 1:
             _set_rng(call.rng[key])
         else:
@@ -101,6 +102,13 @@ def _get_rng(vals: tuple[Any, ...]) -> tuple[Any, ...]:
         return torch.get_rng_state(), *devices
 
 
+def _rng_now() -> list[torch.Tensor]:
+    # the CPU generator's state, and the CUDA generators' once CUDA is up
+    with _python_dispatch._disable_current_modes():
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
+        return [torch.get_rng_state(), *cuda]
+
+
 def _set_rng(state: tuple[Any, ...]) -> None:
     cpu, devices, device_states = state
     with _python_dispatch._disable_current_modes():
@@ -120,11 +128,18 @@ class CheckpointRegion(nn.Module):
         has_save: whether the region has a save set (then `save_policy` applies).
         buffer_modules: the called submodules whose buffers the region may mutate.
         buffer_args: positions, among the attributes, of those that are buffers.
+        random: whether its nodes may draw random numbers (`capture.randomness`): only then
+            does the checkpoint stash the RNG state for the replay (5,056 bytes on a CPU).
+            A region judged not to is checked on its first eager call: if it moved the CPU
+            RNG, it raises rather than replay with other random numbers.
     """
 
     def __init__(self, body: fx.GraphModule, n_inputs: int, has_save: bool,
-                 buffer_modules: tuple[nn.Module, ...], buffer_args: tuple[int, ...]):
+                 buffer_modules: tuple[nn.Module, ...], buffer_args: tuple[int, ...],
+                 random: bool = True):
         super().__init__()
+        self.random = random
+        self._checked = random
         self.n_inputs = n_inputs
         self.body = body
         self.has_save = has_save
@@ -139,12 +154,23 @@ class CheckpointRegion(nn.Module):
         kw = {"context_fn": _SAVE_CONTEXT} if self.has_save else {}
         if torch.compiler.is_compiling():
             return checkpoint(functools.partial(self.body, None, attrs), *inputs,
-                              use_reentrant=False, preserve_rng_state=True, **kw)
+                              use_reentrant=False, preserve_rng_state=self.random, **kw)
         # (the call state keeps the inputs only for a save set's RNG states: a nested region's
         # inputs must die when its parent's checkpoint lets go of them)
-        call = EagerCall(inputs if self.has_save else ())
-        return checkpoint(functools.partial(self._eager_body, call, attrs), *inputs,
-                          use_reentrant=False, preserve_rng_state=True, **kw)
+        call = EagerCall(inputs if self.has_save and self.random else (), self.random)
+        before = None if self._checked else _rng_now()
+        out = checkpoint(functools.partial(self._eager_body, call, attrs), *inputs,
+                         use_reentrant=False, preserve_rng_state=self.random, **kw)
+        if before is not None:
+            if not all(torch.equal(a, b) for a, b in zip(before, _rng_now())):
+                raise RuntimeError(
+                    f"a recompute region judged to draw no random numbers moved the RNG "
+                    f"(nodes {list(self.body.graph.nodes)[2:5]} ...): its replay would draw "
+                    f"other numbers than forward did. This is a bug in scheduler's "
+                    f"capture.randomness; please report it with the model. Meanwhile solve "
+                    f"with solver='none' or the region's random op outside any region")
+            self._checked = True
+        return out
 
     def _eager_body(self, call: EagerCall, attrs: tuple[Any, ...], *inputs: Any
                     ) -> tuple[Any, ...]:

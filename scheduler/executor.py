@@ -38,6 +38,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from .capture.program import Program
+from .capture.randomness import may_draw_random
 from .checkpointing import SAVE_KEY, CheckpointRegion, run_saved, run_saved_method, save_policy
 
 __all__ = ["SAVE_KEY", "CheckpointRegion", "PlannedRegion", "generate", "save_policy"]
@@ -112,8 +113,10 @@ def _region_module(prog: Program, r: PlannedRegion, label: str,
                         if isinstance(attrs[a], torch.Tensor)
                         and not isinstance(attrs[a], nn.Parameter))
     called = tuple(prog.gm.get_submodule(n.target) for n in r.nodes if n.op == "call_module")
+    random = any(may_draw_random(n, prog.gm) for n in r.nodes)
     return CheckpointRegion(fx.GraphModule(modules, body, class_name=f"Region{label}"),
-                            len(r.inputs), bool(r.save), tuple(dict.fromkeys(called)), buffer_args)
+                            len(r.inputs), bool(r.save), tuple(dict.fromkeys(called)), buffer_args,
+                            random)
 
 
 def _copy_node(g: fx.Graph, node: fx.Node, env: dict[fx.Node, fx.Node],

@@ -35,6 +35,7 @@ from ..measurement.step import measure
 from ..measurement.storage import StorageTracker
 from .fake import OpCounter, rounded_bytes
 from .program import Program
+from .randomness import RNG_META, may_draw_random, rng_state_bytes
 from .roofline import DeviceSpec, local_spec, work_s
 from .scratch import record_scratch
 from .timing import GradFnIndex, checkpoint_costs, time_steps
@@ -297,7 +298,8 @@ def build_graph(prog: Program, rec: Rec, fwd_t: dict[str, float], bwd_t: list[fl
     for step, t in zip(rec.steps, bwd_t):
         bwd_by_node[step["node"]] += t
     compute = set(order)
-    spec = local_spec(device_of(None, inputs))  # (weighs each node's ops for flop_share)
+    device = device_of(None, inputs)
+    spec = local_spec(device)  # (weighs each node's ops for flop_share)
     nodes = []
     for n in prog.nodes:
         path = module_path(n)
@@ -325,6 +327,9 @@ def build_graph(prog: Program, rec: Rec, fwd_t: dict[str, float], bwd_t: list[fl
               "device": m.device if m is not None else "",
               "inputs": _shape_str(inputs), "recorded_peak_bytes": rec.peak_bytes,
               "fallback_reason": info.fallback_reason,
+              # what a checkpoint's RNG stash costs, and where it is needed
+              RNG_META: {"state_bytes": rng_state_bytes(device),
+                         "nodes": [n.name for n in prog.nodes if may_draw_random(n, prog.gm)]},
               # the step holds the loss until backward ends
               "loss_node": prog.loss_leaf.name if isinstance(prog.loss_leaf, fx.Node) else ""},
     )
