@@ -35,7 +35,7 @@ from statistics import median
 
 from ..cost.simulate import gradient_steps, region_costs, storage_readers
 from ..ir.graph import CostGraph
-from ..ir.replays import allowed
+from ..ir.replays import recompute_limits
 from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule
 from .blocks import Blocks
 from .dp import ENTRY_STATES, POLICIES
@@ -135,8 +135,9 @@ class BlockTable:
                 self.options[a, m] = ([(KEEP, frozenset(), ())] if m == 1 else []) + recs
         #: (a, m, o) of the options the rewriter would refuse (`ir.replays`): measured like the
         #: rest (the table's entries share measurements), never chosen (`blockdp`)
+        limits = recompute_limits(graph)
         self.refused = {(a, m, o) for (a, m), opts in self.options.items()
-                        for o in range(len(opts)) if not _rewritable(graph, self.spans(a, m, o))}
+                        for o in range(len(opts)) if not _rewritable(limits, self.spans(a, m, o))}
         self.states = {a: (None,) if a == 0 else POLICIES + (
             (CACHED,) if any(self.crossing[a] in o[1] for o in self.options[a - 1, 1]) else ())
             for a in range(S)}
@@ -348,8 +349,9 @@ def _inner(m: int, r: int) -> tuple[tuple[int, int, str], ...]:
     return tuple((x, y, RECOMPUTE if y < m else KEEP) for x, y in spans)
 
 
-def _rewritable(graph: CostGraph, item: tuple) -> bool:
-    """Whether the rewriter runs a `BlockTable.spans` item's recompute regions."""
+def _rewritable(limits: tuple[int, ...], item: tuple) -> bool:
+    """Whether the rewriter runs a `BlockTable.spans` item's recompute regions
+    (`replays.recompute_limits`)."""
     start, stop, p, _, inner = item
-    return p != RECOMPUTE or allowed(graph, start, stop) and all(
-        allowed(graph, x, y) for x, y, q in inner if q == RECOMPUTE)
+    return p != RECOMPUTE or stop <= limits[start] and all(
+        y <= limits[x] for x, y, q in inner if q == RECOMPUTE)

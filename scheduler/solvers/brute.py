@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Sequence
 
 from ..cost.simulate import simulate
 from ..ir.graph import CostGraph
-from ..ir.replays import allowed
+from ..ir.replays import recompute_limits
 from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule
 from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, graph_cache, register
 
@@ -101,6 +101,7 @@ def schedules(graph: CostGraph, points: Sequence[int],
     region takes each of the save sets it offers, as ``(start, stop, policy, save)``."""
     pts = _check_points(graph, points)
     pol = _check_policies(policies)
+    limits = recompute_limits(graph)
     inner, n = pts[1:-1], pts[-1]
     if n == 0:
         return
@@ -110,7 +111,7 @@ def schedules(graph: CostGraph, points: Sequence[int],
             spans = list(zip(bounds, bounds[1:]))
             for seq in _policy_sequences(k + 1, pol):
                 plain = [(a, b, p) for (a, b), p in zip(spans, seq)]
-                if not all(p == KEEP or allowed(graph, a, b) for a, b, p in plain):
+                if not all(p == KEEP or b <= limits[a] for a, b, p in plain):
                     continue  # the rewriter would refuse it (`ir.replays`)
                 if save_options is None:
                     yield plain

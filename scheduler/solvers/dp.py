@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from ..cost.simulate import region_costs, storage_readers
 from ..ir.graph import CostGraph
-from ..ir.replays import allowed
+from ..ir.replays import recompute_limits
 from ..ir.schedule import KEEP, RECOMPUTE, Schedule
 from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, graph_cache, register
 from .config import SolverConfig
@@ -133,6 +133,7 @@ class RegionTable:
         pts = self.points
         last = len(pts) - 1
         states: dict[int, tuple[str | None, ...]] = {}
+        limits = recompute_limits(graph)
         for a in range(last):
             # "cached" only where some region ending here can cache the crossing activation
             cross = self.crossing[a]
@@ -142,7 +143,7 @@ class RegionTable:
             for b in range(a + 1, last + 1):
                 # (a recompute region the rewriter would refuse is not in the space)
                 self.options[a, b] = region_options(graph, pts[a], pts[b], save_top=save_top) \
-                    if allowed(graph, pts[a], pts[b]) else [(KEEP, frozenset())]
+                    if pts[b] <= limits[pts[a]] else [(KEEP, frozenset())]
         for a in range(last):  # one-gap keep regions first: they decide the longer ones
             for q in states[a]:
                 self.entries[a, a + 1, 0, q] = self._measure(graph, a, a + 1, KEEP,
