@@ -22,7 +22,7 @@ import torch.nn as nn
 from torch.utils import _pytree as pytree
 
 from .capture.program import Program
-from .capture.trace import alias_groups, mutated_inputs
+from .capture.trace import written_reads
 from .executor import PlannedRegion, generate
 from .ir.schedule import Region, Schedule, ScheduleError
 
@@ -152,21 +152,21 @@ def _check_mutations(prog: Program, regions: list[PlannedRegion]) -> None:
     node, the replay computes from the written value: autograd's saved-tensor check stops it
     in backward ("modified by an inplace operation") without naming the op, so it is refused
     here, before any step. Buffers are exempt: the replay restores those it mutates
-    (BatchNorm statistics), and they are not region inputs.
+    (BatchNorm statistics), and they are not region inputs. The reads are the ones profiling
+    records (`trace.written_reads`, `CostGraph.written_reads`), by which every solver keeps
+    its regions clear of this (`ir.replays`): one rule on both sides.
     """
-    group = alias_groups(prog.gm)
-    attr_groups = {group[n] for n in prog.gm.graph.nodes if n.op == "get_attr"}
-    writes = [(n, group[a]) for n in prog.nodes for a in mutated_inputs(n)
-              if group[a] not in attr_groups]
-    every = {n.name: n for n in prog.gm.graph.nodes}
-    for label, r in _recomputed(regions) if writes else ():
+    reads = written_reads(prog.gm, prog.nodes)
+    for label, r in _recomputed(regions) if reads else ():
         start = prog.pos[r.nodes[0]]
-        outside = {group[every[n]]: n for n in r.inputs}
-        for node, g in writes:
-            if prog.pos[node] >= start and g in outside:
+        inside = {n.name for n in r.nodes}
+        for reader, value, writer in reads:
+            if reader in inside and value not in inside and \
+                    prog.pos[prog.by_name[writer]] >= start:
+                node = prog.by_name[writer]
                 raise ScheduleError(
-                    f"{label} recomputes from {outside[g]!r}, which node {node.name!r} "
-                    f"({node.target}) writes in place afterwards: the backward replay would "
-                    f"read the written value. Keep {label} (policy keep), or let one "
-                    f"recompute region hold both {node.name!r} and the allocation of the "
+                    f"{label} recomputes from {value.removeprefix('input:')!r}, which node "
+                    f"{writer!r} ({node.target}) writes in place afterwards: the backward "
+                    f"replay would read the written value. Keep {label} (policy keep), or let "
+                    f"one recompute region hold both {writer!r} and the allocation of the "
                     f"value it writes into")

@@ -30,7 +30,8 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from ..ir.graph import BwdStep, CostGraph, Node, Saved, Storage, structure_fingerprint
+from ..ir.graph import (BwdStep, CostGraph, Node, Saved, Storage, WrittenRead,
+                        structure_fingerprint)
 from ..measurement.step import measure
 from ..measurement.storage import StorageTracker
 from .fake import OpCounter, rounded_bytes
@@ -39,7 +40,7 @@ from .randomness import RNG_META, may_draw_random, rng_state_bytes
 from .roofline import DeviceSpec, local_spec, work_s
 from .scratch import record_scratch
 from .timing import GradFnIndex, checkpoint_costs, time_steps
-from .trace import block_of, module_path, preserved_state
+from .trace import block_of, module_path, preserved_state, written_reads
 
 __all__ = ["Rec", "Recorder", "TensorMeta", "build_graph", "device_of", "profile_traced",
            "record_traced", "traced_fingerprint"]
@@ -323,6 +324,7 @@ def build_graph(prog: Program, rec: Rec, fwd_t: dict[str, float], bwd_t: list[fl
         input_bytes=rec.input_bytes, grad_bytes=rec.grad_bytes_end,
         measured_peak_bytes=m.peak_bytes if m is not None else 0,
         measured_step_s=m.step_s if m is not None else sum(fwd_t.values()) + sum(bwd_t),
+        written_reads=tuple(WrittenRead(*w) for w in written_reads(prog.gm, prog.nodes)),
         meta={"tracer": info.tracer, "torch": torch.__version__,
               "device": m.device if m is not None else "",
               "inputs": _shape_str(inputs), "recorded_peak_bytes": rec.peak_bytes,

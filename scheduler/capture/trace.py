@@ -28,7 +28,7 @@ from .calls import as_tuple, autocast_state, bare_copy, input_constants, input_s
 
 __all__ = ["trace", "TraceError", "TraceInfo", "LossRecipe", "alias_groups", "as_tuple",
            "default_loss_recipe", "model_nodes", "mutated_inputs",
-           "preserved_state"]
+           "preserved_state", "written_reads"]
 
 #: Name of the attribute that holds the user's model inside the traced wrapper.
 MODEL_ATTR = "model"
@@ -379,6 +379,31 @@ def alias_groups(gm: fx.GraphModule) -> dict[fx.Node, int]:
             parent[root(a)] = root(n)
     ids: dict[fx.Node, int] = {}
     return {n: ids.setdefault(root(n), len(ids)) for n in gm.graph.nodes}
+
+
+def written_reads(gm: fx.GraphModule, nodes: list[fx.Node]) -> list[tuple[str, str, str]]:
+    """``(reader, value, writer)`` for each node of ``nodes`` (the nodes that run, in order)
+    and each value it reads (a node, or ``input:<name>`` for anything that does not run: a
+    placeholder) whose storage a node of ``nodes`` writes in place: ``writer`` the last such
+    node. Only reads where a recompute region could start after the value and at or before
+    the write, with the reader inside, are listed: those the rewriter refuses
+    (`ir.replays`). Values that alias an attribute (buffers) are left out: a replay restores
+    the buffers it mutates."""
+    group = alias_groups(gm)
+    attr_groups = {group[n] for n in gm.graph.nodes if n.op == "get_attr"}
+    pos = {n: i for i, n in enumerate(nodes)}
+    last: dict[int, fx.Node] = {}
+    for n in nodes:
+        for a in mutated_inputs(n):
+            if group[a] not in attr_groups:
+                last[group[a]] = n
+    out = []
+    for n in nodes:
+        for a in dict.fromkeys(n.all_input_nodes):
+            w = last.get(group[a]) if a.op != "get_attr" else None
+            if w is not None and pos.get(a, -1) < min(pos[w], pos[n]):
+                out.append((n.name, a.name if a in pos else f"input:{a.name}", w.name))
+    return out
 
 
 def _check_fx_outputs(gm: fx.GraphModule, out_spec: pytree.TreeSpec) -> None:

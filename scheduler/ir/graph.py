@@ -19,6 +19,8 @@ What it holds, keyed by node name and in forward execution order:
 * graph-level bytes (parameters, buffers, inputs) and the measured unscheduled peak and step time.
 * what each recompute region costs beyond its nodes' replay: the checkpoint call and its
   saved-tensor hooks (``checkpoint_call_s``, ``checkpoint_saved_s``), measured on the device.
+* ``written_reads``: values read by one node and written in place by a later one
+  (`WrittenRead`), which decide where a recompute region may start (`ir.replays`).
 
 All bytes are integers; all times are seconds (floats).
 """
@@ -43,7 +45,7 @@ from .graph_json import (
     check_references,
     graph_fields,
 )
-from .nodes import BwdStep, CostGraphError, Node, Saved, Storage
+from .nodes import BwdStep, CostGraphError, Node, Saved, Storage, WrittenRead
 
 __all__ = [
     "SCHEMA",
@@ -54,6 +56,7 @@ __all__ = [
     "Node",
     "Saved",
     "Storage",
+    "WrittenRead",
     "with_step_time",
 ]
 
@@ -81,6 +84,10 @@ class CostGraph:
     #: and the replay's own pack). Zero in graphs recorded before it was measured.
     checkpoint_call_s: float = 0.0
     checkpoint_saved_s: float = 0.0
+    #: values written in place after a node read them (`WrittenRead`): where the rewriter
+    #: refuses a recompute region, so where no solver puts one (`ir.replays`). Empty in graphs
+    #: recorded before it was (and in graphs of models without such writes).
+    written_reads: tuple[WrittenRead, ...] = ()
 
     def __post_init__(self) -> None:
         self._index = {n.name: i for i, n in enumerate(self.nodes)}
@@ -201,6 +208,14 @@ class CostGraph:
                     raise CostGraphError(f"storages[{sid}]: unknown node {m!r}")
             if st.bytes < 0:
                 raise CostGraphError(f"storages[{sid}].bytes: negative ({st.bytes})")
+        for i, w in enumerate(self.written_reads):
+            for attr in ("reader", "writer"):
+                if getattr(w, attr) not in names:
+                    raise CostGraphError(
+                        f"written_reads[{i}].{attr}: unknown node {getattr(w, attr)!r}")
+            if w.value not in names and not w.value.startswith("input:"):
+                raise CostGraphError(f"written_reads[{i}].value: unknown node {w.value!r} "
+                                     "(a node, or input:<name>)")
         for name in self.fwd_events:
             if name not in names:
                 raise CostGraphError(f"fwd_events: unknown node {name!r}")
@@ -236,6 +251,9 @@ class CostGraph:
             ],
             "fwd_events": {k: [list(e) for e in v] for k, v in self.fwd_events.items()},
             "bwd_steps": [[b.node, b.time_s, [list(e) for e in b.events]] for b in self.bwd_steps],
+            # (only when there are any: graphs without them are written as before)
+            **({"written_reads": [[w.reader, w.value, w.writer] for w in self.written_reads]}
+               if self.written_reads else {}),
         }
 
     @classmethod

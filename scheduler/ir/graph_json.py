@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .checks import MAX_BYTES, Checks
-from .nodes import BwdStep, CostGraphError, Node, Saved, Storage
+from .nodes import BwdStep, CostGraphError, Node, Saved, Storage, WrittenRead
 
 if TYPE_CHECKING:
     from .graph import CostGraph
@@ -30,7 +30,8 @@ _BYTES = ("param_bytes", "buffer_bytes", "input_bytes", "grad_bytes", "measured_
 #: the per-checkpoint costs a `CostGraph` may carry (optional in JSON)
 CHECKPOINT_COSTS = ("checkpoint_call_s", "checkpoint_saved_s")
 _TOP = frozenset({"schema", "version", "name", "fingerprint", *_BYTES, "measured_step_s",
-                  *CHECKPOINT_COSTS, "meta", "nodes", "storages", "fwd_events", "bwd_steps"})
+                  *CHECKPOINT_COSTS, "meta", "nodes", "storages", "fwd_events", "bwd_steps",
+                  "written_reads"})
 _NODE_STR = ("name", "op", "target", "module_path", "block", "shape")
 _NODE_FIELDS = frozenset({*_NODE_STR, "inputs", "is_loss", "time_s", "bwd_time_s",
                           "out_bytes", "saved", "pack_mark", "sac_s",
@@ -92,6 +93,12 @@ def graph_fields(d: Any) -> tuple[dict[str, Any], str | None]:
         measured_step_s=_C.seconds("measured_step_s", _C.key(d, "measured_step_s")),
         # optional: graphs recorded before these were measured load with zero
         **{k: _C.seconds(k, d[k]) for k in CHECKPOINT_COSTS if k in d})
+    # optional: graphs recorded before these were, or of models without in-place writes
+    kw["written_reads"] = tuple(
+        WrittenRead(*(_C.type(f"written_reads[{i}][{j}]", x, str) for j, x in
+                      enumerate(_C.row(f"written_reads[{i}]", row, 3,
+                                       "[reader, value, writer]"))))
+        for i, row in enumerate(_C.type("written_reads", d.get("written_reads", []), list)))
     fp = d.get("fingerprint")
     return kw, _C.type("fingerprint", fp, (str, type(None)))
 

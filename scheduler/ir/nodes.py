@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BwdStep", "CostGraphError", "Node", "Saved", "Storage"]
+__all__ = ["BwdStep", "CostGraphError", "Node", "Saved", "Storage", "WrittenRead"]
 
 
 class CostGraphError(ValueError):
@@ -98,3 +98,20 @@ class BwdStep:
     node: str
     time_s: float
     events: tuple[tuple[str, int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class WrittenRead:
+    """Node ``reader`` reads ``value`` (a node, or ``input:<name>`` for an input of the step),
+    whose storage node ``writer`` writes in place, last, at or after some position where a
+    recompute region could start.
+
+    A recompute region that holds ``reader`` but not ``value`` and starts at or before
+    ``writer`` is refused by the rewriter (`regions.CheckpointedStep`): its backward replay
+    would read the written value, not the one forward read. `ir.replays` turns these into
+    where recompute regions may start and end. Buffers are not recorded: a replay restores
+    the buffers it mutates."""
+
+    reader: str
+    value: str
+    writer: str

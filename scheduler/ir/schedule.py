@@ -183,9 +183,12 @@ class Schedule:
             **info)
 
     # -- checks -----------------------------------------------------------------------------
-    def validate(self, graph: CostGraph) -> None:
+    def validate(self, graph: CostGraph, *, rewritable: bool = False) -> None:
         """Raise `ScheduleError` unless the regions cover ``graph``'s compute nodes exactly once,
-        in order, and the fingerprint (if set) is the graph's."""
+        in order, and the fingerprint (if set) is the graph's. With ``rewritable``, also
+        unless the rewriter runs every recompute region: none replays a value written in
+        place after forward read it (`ir.replays.check`; the simulator prices such regions
+        too, since solvers measure costs with them, but no solver returns one)."""
         if self.fingerprint and self.fingerprint != graph.fingerprint:
             raise ScheduleError(
                 f"schedule was made for a graph with fingerprint {self.fingerprint!r}, but this "
@@ -204,6 +207,9 @@ class Schedule:
                         f"save-set node {name!r} allocates no storage (a view, an alias or a "
                         "no-op): caching it would pin its base tensor and save no compute; "
                         "leave it out of the save set")
+        if rewritable:
+            from .replays import check  # (replays builds on this module)
+            check(graph, self)
 
     # -- queries ----------------------------------------------------------------------------
     def policy_of(self) -> dict[str, str]:

@@ -33,6 +33,7 @@ from typing import Any, Callable, Protocol
 from ..cost.simulate import Estimate, simulate
 from ..cost.static import Static
 from ..ir.graph import CostGraph
+from ..ir.replays import legalize
 from ..ir.schedule import Schedule
 
 __all__ = ["OPTIMAL", "FEASIBLE", "INFEASIBLE", "SolveResult", "Solver", "register",
@@ -156,7 +157,19 @@ def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, so
     as ``space_optimal`` and ``space_bound_s`` only, and the result is FEASIBLE (a schedule
     that fits) until `certify` judges it against the full-space bound. With ``full_space``,
     ``lower_bound_s`` is a bound over the full space and the status stands as given.
+
+    A schedule with a recompute region the rewriter would refuse (`ir.replays`) is returned
+    with its cuts moved (`replays.legalize`, listed in ``meta["moved_cuts"]``): the baselines
+    rely on that; for a solver that claimed anything of it, the claims are dropped.
     """
+    if schedule is not None:
+        # a region the rewriter would refuse is never returned: its cuts move (`replays`),
+        # and whatever the solver claimed for the schedule it found no longer holds
+        schedule, moved = legalize(graph, schedule)
+        if moved:
+            schedule = replace(schedule, meta={**schedule.meta, "moved_cuts": moved})
+            if status != INFEASIBLE:
+                status = lower_bound_s = None
     est = simulate(graph, schedule) if schedule is not None else None
     claimed = status
     if status is None:

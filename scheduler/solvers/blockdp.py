@@ -146,6 +146,8 @@ def search(table: BlockTable, budget: int
                 if opts is None:
                     break
                 for o in range(len(opts)):
+                    if (a, m, o) in table.refused:
+                        continue
                     e = table.entries[a, m, o, q]
                     pk = np.maximum(P, H + e.local)
                     ok = pk <= budget
@@ -207,6 +209,8 @@ def _fits(table: BlockTable, budget: int) -> bool:
                 if opts is None:
                     break
                 for o in range(len(opts)):
+                    if (a, m, o) in table.refused:
+                        continue
                     e = table.entries[a, m, o, q]
                     nh = held + e.held
                     if held + e.local > budget:

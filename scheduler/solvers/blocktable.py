@@ -35,6 +35,7 @@ from statistics import median
 
 from ..cost.simulate import gradient_steps, region_costs, storage_readers
 from ..ir.graph import CostGraph
+from ..ir.replays import recompute_limits
 from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule
 from .blocks import Blocks
 from .dp import ENTRY_STATES, POLICIES
@@ -132,6 +133,11 @@ class BlockTable:
                     recs += [(RECOMPUTE, frozenset(), _inner(m, r)) for r in INNER_SPANS
                              if r < m]
                 self.options[a, m] = ([(KEEP, frozenset(), ())] if m == 1 else []) + recs
+        #: (a, m, o) of the options the rewriter would refuse (`ir.replays`): measured like the
+        #: rest (the table's entries share measurements), never chosen (`blockdp`)
+        limits = recompute_limits(graph)
+        self.refused = {(a, m, o) for (a, m), opts in self.options.items()
+                        for o in range(len(opts)) if not _rewritable(limits, self.spans(a, m, o))}
         self.states = {a: (None,) if a == 0 else POLICIES + (
             (CACHED,) if any(self.crossing[a] in o[1] for o in self.options[a - 1, 1]) else ())
             for a in range(S)}
@@ -341,3 +347,11 @@ def _inner(m: int, r: int) -> tuple[tuple[int, int, str], ...]:
     rest (``r`` stages or fewer, at least one) kept."""
     spans = [(x, min(x + r, m)) for x in range(0, m, r)]
     return tuple((x, y, RECOMPUTE if y < m else KEEP) for x, y in spans)
+
+
+def _rewritable(limits: tuple[int, ...], item: tuple) -> bool:
+    """Whether the rewriter runs a `BlockTable.spans` item's recompute regions
+    (`replays.recompute_limits`)."""
+    start, stop, p, _, inner = item
+    return p != RECOMPUTE or stop <= limits[start] and all(
+        y <= limits[x] for x, y, q in inner if q == RECOMPUTE)

@@ -10,7 +10,8 @@ Fibonacci numbers), e.g. 4181 for m = 8, 75025 for m = 11.
 **Answer.** The least simulated recompute time among schedules whose simulated peak fits the
 budget (ties: the first in enumeration order: fewer regions first, then boundaries and
 policies in lexicographic order, ``policies`` order within a region), proven optimal over
-that space (`certify` calls it OPTIMAL when the full-space bound reaches it).
+that space (less the recompute regions the rewriter would refuse, `ir.replays`, which are
+not enumerated) (`certify` calls it OPTIMAL when the full-space bound reaches it).
 When nothing fits: INFEASIBLE with ``min_feasible_bytes``, the least peak over the space.
 
 The simulated (peak, recompute time) of every schedule in a space is cached beside the graph
@@ -26,6 +27,7 @@ from typing import Callable, Iterator, Sequence
 
 from ..cost.simulate import simulate
 from ..ir.graph import CostGraph
+from ..ir.replays import recompute_limits
 from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule
 from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, graph_cache, register
 
@@ -79,7 +81,8 @@ SaveOptions = Callable[[CostGraph, int, int], Sequence[frozenset]]
 def count_schedules(graph: CostGraph, points: Sequence[int],
                     policies: Sequence[str] = (KEEP, RECOMPUTE),
                     save_options: SaveOptions | None = None) -> int:
-    """How many schedules `schedules` enumerates for these points, policies and save sets."""
+    """How many schedules `schedules` enumerates for these points, policies and save sets
+    (without save sets: at most that many, counting those the rewriter would refuse)."""
     pts = _check_points(graph, points)
     pol = _check_policies(policies)
     m = len(pts) - 2
@@ -98,6 +101,7 @@ def schedules(graph: CostGraph, points: Sequence[int],
     region takes each of the save sets it offers, as ``(start, stop, policy, save)``."""
     pts = _check_points(graph, points)
     pol = _check_policies(policies)
+    limits = recompute_limits(graph)
     inner, n = pts[1:-1], pts[-1]
     if n == 0:
         return
@@ -107,6 +111,8 @@ def schedules(graph: CostGraph, points: Sequence[int],
             spans = list(zip(bounds, bounds[1:]))
             for seq in _policy_sequences(k + 1, pol):
                 plain = [(a, b, p) for (a, b), p in zip(spans, seq)]
+                if not all(p == KEEP or b <= limits[a] for a, b, p in plain):
+                    continue  # the rewriter would refuse it (`ir.replays`)
                 if save_options is None:
                     yield plain
                     continue

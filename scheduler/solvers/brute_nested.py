@@ -32,7 +32,8 @@ from itertools import combinations, product
 
 from ..cost.simulate import simulate
 from ..ir.graph import CostGraph
-from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule
+from ..ir.replays import check
+from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule, ScheduleError
 from .base import INFEASIBLE, OPTIMAL, SolveResult, finish
 
 __all__ = ["NestedBrute", "brute_force_nested", "count_nested", "nested_schedules"]
@@ -78,7 +79,8 @@ def _choices(names: Sequence[str], pts: Sequence[int], a: int, b: int, depth: in
 def nested_schedules(graph: CostGraph, points: Sequence[int], depth: int
                      ) -> Iterator[Schedule]:
     """Every schedule of the space (module docstring), in enumeration order, unvalidated and
-    without a fingerprint (`simulate` validates)."""
+    without a fingerprint (`simulate` validates), less those with a recompute region the
+    rewriter would refuse (`ir.replays`)."""
     if depth < 1:
         raise ValueError(f"depth must be at least 1 (flat schedules), got {depth!r}")
     pts = _points(graph, points)
@@ -86,7 +88,12 @@ def nested_schedules(graph: CostGraph, points: Sequence[int], depth: int
     if not names:
         return
     for regions in _levels(names, pts, 0, len(names), depth, 1):
-        yield Schedule(list(regions))
+        schedule = Schedule(list(regions))
+        try:
+            check(graph, schedule)
+        except ScheduleError:
+            continue  # the rewriter would refuse it (`ir.replays`)
+        yield schedule
 
 
 def count_nested(graph: CostGraph, points: Sequence[int], depth: int) -> int:

@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 from ..cost.simulate import ReplayProbe, gradient_steps, storage_readers
 from ..cost.static import Static
 from ..ir.graph import CostGraph
+from ..ir.replays import recompute_limits
 from ..ir.schedule import Schedule
 from .cpsat_literals import Literals, Terms, linear
 from .cpsat_space import NS, region_schedule, replay_steps, snap, unit_costs_ns, units
@@ -124,6 +125,16 @@ class CpsatModel:
         for u in range(n_units - 1):
             m.Add(rc[u] == rc[u + 1]).OnlyEnforceIf(cut[u + 1].Not())
             m.AddBoolOr([rc[u], rc[u + 1]]).OnlyEnforceIf(cut[u + 1])  # no keep|keep cut
+        # no recompute region the rewriter would refuse (`ir.replays`): one that starts at
+        # unit u ends by the last unit within its limit
+        limits = recompute_limits(self.g)
+        for u in range(n_units):
+            reach = limits[self.points[u]]
+            last = max((v for v in range(u, n_units) if self.points[v + 1] <= reach),
+                       default=u - 1)
+            if last < n_units - 1:
+                starts = [cut[u].Not()] if cut[u] is not None else []
+                m.AddBoolOr([*starts, rc[u].Not(), *(cut[v + 1] for v in range(u, last + 1))])
         return rc, cut
 
     def _holdings(self) -> list[_Holding]:

@@ -4,7 +4,7 @@
 most one activation crosses (no other forward storage is read or saved on both sides). Each
 region is ``keep``, or ``recompute`` with one of the save sets `save_candidates` offers (its
 `SolverConfig.save_top` slowest allocating nodes at most: selective checkpointing of the ops worth
-caching). `chain_cuts` lists the cuts; when there are more than ``max_cuts``, only cuts at
+caching), except recompute regions the rewriter would refuse (`ir.replays`). `chain_cuts` lists the cuts; when there are more than ``max_cuts``, only cuts at
 block boundaries are kept (the space shrinks, and results say so in
 ``schedule.meta["space"]``).
 
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from ..cost.simulate import region_costs, storage_readers
 from ..ir.graph import CostGraph
+from ..ir.replays import recompute_limits
 from ..ir.schedule import KEEP, RECOMPUTE, Schedule
 from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, graph_cache, register
 from .config import SolverConfig
@@ -132,6 +133,7 @@ class RegionTable:
         pts = self.points
         last = len(pts) - 1
         states: dict[int, tuple[str | None, ...]] = {}
+        limits = recompute_limits(graph)
         for a in range(last):
             # "cached" only where some region ending here can cache the crossing activation
             cross = self.crossing[a]
@@ -139,7 +141,9 @@ class RegionTable:
                 cross in save for z in range(a) for _, save in self.options[z, a])
             states[a] = (None,) if a == 0 else ENTRY_STATES if cacheable else POLICIES
             for b in range(a + 1, last + 1):
-                self.options[a, b] = region_options(graph, pts[a], pts[b], save_top=save_top)
+                # (a recompute region the rewriter would refuse is not in the space)
+                self.options[a, b] = region_options(graph, pts[a], pts[b], save_top=save_top) \
+                    if pts[b] <= limits[pts[a]] else [(KEEP, frozenset())]
         for a in range(last):  # one-gap keep regions first: they decide the longer ones
             for q in states[a]:
                 self.entries[a, a + 1, 0, q] = self._measure(graph, a, a + 1, KEEP,

@@ -14,6 +14,11 @@ report the simulated estimate of what they return and are ``FEASIBLE`` exactly w
 fits the budget, else ``INFEASIBLE`` (with the schedule, so a caller sees by how much it
 misses). They run in well under a second on graphs of thousands of nodes, so ``time_limit_s``
 is accepted and ignored.
+
+Where the rewriter would refuse one of their recompute regions (a replay that would read a
+value written in place after forward read it, `ir.replays`), its cut moves to the nearest
+allowed place (`replays.legalize`, via `base.finish`; ``schedule.meta["moved_cuts"]`` says
+what moved), so ``uniform:K`` and the rest plan around such writes instead of failing.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from itertools import groupby
 
 from ..cost.simulate import simulate
 from ..ir.graph import CostGraph
+from ..ir.replays import legalize
 from ..ir.schedule import KEEP, RECOMPUTE, Schedule
 from .base import SolveResult, UnknownSolverError, finish, register
 
@@ -138,7 +144,8 @@ def greedy(graph: CostGraph, budget_bytes: int, *,
             policies = [RECOMPUTE] * len(cuts) + [last]
             key = (tuple(cuts), last)
             if key not in candidates:
-                candidates[key] = Schedule.from_cuts(graph, cuts, policies)
+                # (compared as the schedules `finish` would return: refused cuts moved)
+                candidates[key] = legalize(graph, Schedule.from_cuts(graph, cuts, policies))[0]
     # (without the timeline, a simulation takes half the time; `finish` simulates the one
     # chosen in full)
     estimates = [(simulate(graph, s, timeline=False), s) for s in candidates.values()]

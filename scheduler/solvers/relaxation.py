@@ -56,6 +56,7 @@ from typing import Any, Callable, Sequence
 from ..cost.simulate import Estimate, gradient_steps, storage_readers
 from ..cost.static import Static
 from ..ir.graph import CostGraph
+from ..ir.replays import legalize
 from ..ir.schedule import KEEP, RECOMPUTE, Schedule
 from .config import SolverConfig
 from .relaxation_memory import MemoryConstraints
@@ -369,8 +370,10 @@ class Relaxation(MemoryConstraints):
             i = kept_from = j
         if kept_from < len(names):
             spans.append((kept_from, len(names), KEEP, []))
-        return Schedule.from_regions(self.g, spans,
-                                     meta={"space": "the full schedule space (relax)"})
+        # (a region the rewriter would refuse has its cuts moved, `ir.replays`: the relaxation
+        # does not model them, so its bound holds over the schedules it runs too)
+        return legalize(self.g, Schedule.from_regions(
+            self.g, spans, meta={"space": "the full schedule space (relax)"}))[0]
 
 
 

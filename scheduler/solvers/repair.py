@@ -35,6 +35,7 @@ from typing import Iterator
 from ..cost.simulate import Simulator
 from ..cost.static import Static
 from ..ir.graph import CostGraph
+from ..ir.replays import recompute_limits
 from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule
 from .config import SolverConfig
 
@@ -139,17 +140,18 @@ def _stripped(graph: CostGraph, spans: list[_Span], at: dict[str, int], budget_b
 
 def _moves(graph: CostGraph, spans: list[_Span]) -> Iterator[tuple[_Key, list[_Span]]]:
     names = graph.compute_nodes
+    limits = recompute_limits(graph)  # (no move makes a region the rewriter would refuse)
     for i, (a, b, policy, save) in enumerate(spans):
         if policy != RECOMPUTE:
             continue
         for x in sorted(save):
             yield ("drop", x), [*spans[:i], (a, b, policy, save - {x}), *spans[i + 1:]]
-        if i + 1 < len(spans) and spans[i + 1][2] == KEEP:
+        if i + 1 < len(spans) and spans[i + 1][2] == KEEP and b + 1 <= limits[a]:
             c, d = spans[i + 1][:2]
             yield ("after", names[c]), [*spans[:i], (a, b + 1, policy, save),
                                         *([(c + 1, d, KEEP, frozenset())] if c + 1 < d else []),
                                         *spans[i + 2:]]
-        if i and spans[i - 1][2] == KEEP:
+        if i and spans[i - 1][2] == KEEP and b <= limits[a - 1]:
             c, d = spans[i - 1][:2]
             yield ("before", names[d - 1]), [*spans[:i - 1],
                                              *([(c, d - 1, KEEP, frozenset())] if c < d - 1
