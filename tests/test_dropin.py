@@ -230,39 +230,54 @@ def test_another_autocast_state_runs_the_plan_and_warns() -> None:
     assert_same(got, want)
 
 
-def solved_under_autocast(build: Callable[[], nn.Module]) -> tuple[Any, Any, int]:
-    """``(inputs, plan, measured peak)`` of a greedy plan (deterministic, unlike a
-    time-limited search under load) solved and run under bf16 autocast, at 97% of the
-    model's own measured peak there."""
+def solved_under_autocast(build: Callable[[], nn.Module]) -> dict[str, Any]:
+    """A greedy plan (deterministic, unlike a time-limited search under load) solved and run
+    under bf16 autocast, at a budget halfway between the least peak greedy reaches on the
+    profile and the unconstrained predicted peak: a budget of the profile's own predictions,
+    so that it is feasible and makes greedy recompute on any CPU (what bf16 kernels a CPU has
+    changes every peak, the scratch they allocate most). Returns the schedule and both
+    counts of the measured step; the plan's step is checked against the unmodified model."""
     x = ids(2, 16) if build is gpt2 else torch.randint(0, 64, (2, 16))
     inputs = {"input_ids": x, "labels": x} if build is gpt2 else (x,)
     model = build()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        own = scheduler.measure(model, inputs, repeats=1).peak_bytes
-        plan = scheduler.solve(model, inputs, budget=int(own * 0.97), solver="greedy",
-                               repeats=1)
+        graph = scheduler.profile(model, inputs, repeats=1, mode="real")
+        top = scheduler.simulate(graph, scheduler.Schedule.none(graph)).peak_bytes
+        with pytest.raises(scheduler.InfeasibleBudgetError) as least:
+            scheduler.solve_graph(graph, 0.01, solver="greedy")
+        budget = (least.value.min_feasible_bytes + top) // 2
+        schedule = scheduler.solve_graph(graph, budget, solver="greedy").schedule
+        assert schedule.recompute_regions, "the test needs a schedule that recomputes"
+        module = scheduler.apply(model, schedule, inputs)
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)  # the autocast it was solved in
-            got = scheduler.measure(plan.module, inputs, repeats=1).peak_bytes
-        assert_same(step(plan.module, **_kw(inputs)), step(build(), **_kw(inputs)))
-    return inputs, plan, got
+            m = scheduler.measure(module, inputs, repeats=1)
+        assert_same(step(module, **_kw(inputs)), step(build(), **_kw(inputs)))
+    return {"schedule": schedule, "budget": budget, "tensors": m.peak_bytes,
+            "allocator": m.allocator_peak_bytes}
 
 
-@pytest.mark.parametrize("build", [gpt_example, gpt2], ids=["gpt", "gpt2"])
+@pytest.mark.parametrize("build", [gpt_example, pytest.param(gpt2, marks=pytest.mark.slow)],
+                         ids=["gpt", "gpt2"])
 def test_a_plan_solved_under_autocast_fits_its_budget_there(build: Callable[[], nn.Module]
                                                             ) -> None:
-    _, plan, got = solved_under_autocast(build)
-    assert got <= plan.budget_bytes
-
-
-@pytest.mark.xfail(strict=False, reason=(
-    "under bf16 autocast the predicted peak measured 5-9% above the real one on these "
-    "greedy plans (safe side: they fit); cause not found"))
-@pytest.mark.parametrize("build", [gpt_example, gpt2], ids=["gpt", "gpt2"])
-def test_a_plan_solved_under_autocast_is_predicted_within_3_percent(
-        build: Callable[[], nn.Module]) -> None:
-    _, plan, got = solved_under_autocast(build)
-    assert abs(plan.estimate.peak_bytes - got) <= 0.03 * got, (plan.estimate.peak_bytes, got)
+    """Autocast caches the bf16 cast of each weight until the autocast block exits: a plan's
+    checkpoints drop their activations, not the casts. The profile counted the casts as the
+    node's saved tensors (freed by recomputing it), so that a plan measured over its budget
+    (examples/gpt.py: 6% and 10% at 70%) and the predictions were 10-35% off the allocator's
+    count of the step (measured from a warm cache, without the casts). What the prediction
+    leaves out is the CPU RNG state each checkpoint keeps (issue 34, item 5)."""
+    got = solved_under_autocast(build)
+    s, budget, tensors, allocator = (got["schedule"], got["budget"], got["tensors"],
+                                     got["allocator"])
+    predicted = s.estimate["peak_bytes"]
+    rng = torch.get_rng_state().nbytes * (
+        len(s.recompute_regions) + sum(len(r.save) for r in s.recompute_regions))
+    assert tensors <= predicted <= budget
+    assert allocator <= budget + rng
+    # the allocator's count sees kernels' scratch (in the prediction) that the tensors' does not
+    assert -0.03 * allocator <= allocator - predicted <= rng + 0.03 * allocator, (
+        predicted, allocator, tensors)
 
 
 def _kw(inputs: Any) -> dict[str, Any]:

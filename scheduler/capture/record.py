@@ -9,6 +9,15 @@ One *recorded* step runs the traced graph node by node (`program.Program`) with
   saves for backward, mapped back to the node that produced it (or a parameter/input);
 * a `fake.OpCounter` that counts each op's FLOPs and bytes (for times without a real run).
 
+Under autocast, the casts of parameters (leaf tensors that require grad) live in autocast's
+cache from their first use until the outermost ``torch.autocast`` exits, whatever holds them or
+lets go of them: a checkpoint that drops its region's activations does not drop them, and its
+replay finds them there and allocates nothing. The step is recorded from an empty cache (so
+that every cast is seen), and the storages that clearing the cache frees after it are taken
+out of the events into the base (``buffer_bytes``, ``meta["autocast_cache"]``): held through
+the step, as in a training loop's steady state under one ``autocast`` block, where the casts
+of the step before are still cached when a step begins.
+
 The same `Recorder` runs on real tensors and on fake ones (`fake.FakeStep`): the storages,
 saved tensors and backward steps it records are the same. For a real profile
 (`profile_traced`), ``repeats`` *timed* steps (after a warm-up) then give each node's forward
@@ -102,6 +111,10 @@ class Rec:
     buffer_bytes: int = 0
     input_bytes: int = 0
     peak_bytes: int = 0
+    # storages autocast's cache held after the step (casts of parameters), and the parameter
+    # each one is a cast of where it was found
+    autocast_cached: set[int] = field(default_factory=set)
+    cast_of: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -195,10 +208,29 @@ class Recorder:
                 sid = self.key2sid[k]
                 s = Saved(self.rec.storages[sid]["producer"], sid, nbytes)
                 self.rec.saved[self.cur][sid] = s
+                source = self._cast_source(t)
+                if source is not None:
+                    self.rec.cast_of.setdefault(sid, source)
             else:
                 src = self.persistent.get(k, "const")
                 self.rec.saved[self.cur][src] = Saved(src, None, nbytes)
         return t
+
+    def _cast_source(self, t: torch.Tensor) -> str | None:
+        """The name of the parameter (buffer, input) ``t`` is a cast or a view of a cast of,
+        found through its autograd history; None if it is not one."""
+        fn = t.grad_fn
+        for _ in range(4):
+            if fn is None:
+                return None
+            var = getattr(fn, "variable", None)  # (an AccumulateGrad)
+            if var is not None:
+                return self.persistent.get(self.tracker.key(var))
+            nxt = [f for f, _ in fn.next_functions if f is not None]
+            if len(nxt) != 1:
+                return None
+            fn = nxt[0]
+        return None
 
     # -- the step ------------------------------------------------------------------------
     def run(self) -> Rec:
@@ -220,6 +252,9 @@ class Recorder:
         for t in self.prog.attrs.values():  # constants lifted by export
             if isinstance(t, torch.Tensor):
                 tr.register(t)
+        # (casts cached before the step would be made before it and never seen: the step
+        # makes its own, in the node that first uses each parameter)
+        torch.clear_autocast_cache()
         with tr, self.counter, torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
             loss = self.prog.run(self.inputs, around=self._around)[1]
             self.cur = None
@@ -230,7 +265,12 @@ class Recorder:
             del loss
         rec.grad_bytes_end = sum(self.gid_bytes[g] for g in self.key2gid.values())
         # the step is over: storages that die later (gradients reset by `preserved_state`)
-        # are not part of it
+        # are not part of it, except those that die as autocast's cache is cleared: the
+        # forward's storages (``key2sid``: those still alive) that only the cache held
+        died: list[int] = []
+        tr.on_alloc, tr.on_free = None, lambda key, _nbytes: died.append(key)
+        torch.clear_autocast_cache()
+        rec.autocast_cached = {self.key2sid[k] for k in died if k in self.key2sid}
         tr.on_alloc = tr.on_free = None
         rec.peak_bytes = tr.peak_bytes
         self.fns.clear()
@@ -271,8 +311,11 @@ def build_graph(prog: Program, rec: Rec, fwd_t: dict[str, float], bwd_t: list[fl
     def where(n: str) -> int:
         return prog.pos[prog.by_name[n]]
 
+    cached = rec.autocast_cached
     storages = {}
     for sid, s in rec.storages.items():
+        if sid in cached:
+            continue
         readers = [s["producer"]] + sorted(rec.views[sid], key=where)
         last = s["producer"]
         if s["output"]:
@@ -301,26 +344,30 @@ def build_graph(prog: Program, rec: Rec, fwd_t: dict[str, float], bwd_t: list[fl
     compute = set(order)
     device = device_of(None, inputs)
     spec = local_spec(device)  # (weighs each node's ops for flop_share)
+    fwd_events = {k: [e for e in v if e[1] not in cached] for k, v in rec.fwd_events.items()}
     nodes = []
     for n in prog.nodes:
         path = module_path(n)
         out_bytes = sum(rec.storages[e[1]]["bytes"] for e in rec.fwd_events.get(n.name, [])
                         if e[0] == "a" and rec.storages[e[1]]["output"])
+        mark = rec.pack_mark.get(n.name)
+        if mark is not None:  # (less the cached casts' events before it)
+            mark -= sum(1 for e in rec.fwd_events[n.name][:mark] if e[1] in cached)
         nodes.append(Node(
             name=n.name, op=n.op, target=_target_str(n),
             inputs=tuple(dict.fromkeys(a.name for a in n.all_input_nodes if a.name in compute)),
             module_path=path, block=block_of(path), is_loss=n.name in info.loss_nodes,
             time_s=fwd_t.get(n.name, 0.0), bwd_time_s=bwd_by_node.get(n.name, 0.0),
-            out_bytes=out_bytes, saved=tuple(rec.saved.get(n.name, {}).values()),
-            shape=rec.shapes.get(n.name, ""), pack_mark=rec.pack_mark.get(n.name),
+            out_bytes=out_bytes, saved=_saved(rec, n.name),
+            shape=rec.shapes.get(n.name, ""), pack_mark=mark,
             sac_s=sac_t.get(n.name), flop_share=flop_share(spec, rec.fwd_ops.get(n.name, ())),
         ))
     bwd_t = list(bwd_t) + [0.0] * (len(rec.steps) - len(bwd_t))
     steps = [BwdStep(s["node"], t, tuple(s["events"])) for s, t in zip(rec.steps, bwd_t)]
+    cast_bytes = sum(rec.storages[sid]["bytes"] for sid in cached)
     return CostGraph(
-        name=name, nodes=nodes, storages=storages,
-        fwd_events={k: list(v) for k, v in rec.fwd_events.items()},
-        bwd_steps=steps, param_bytes=rec.param_bytes, buffer_bytes=rec.buffer_bytes,
+        name=name, nodes=nodes, storages=storages, fwd_events=fwd_events,
+        bwd_steps=steps, param_bytes=rec.param_bytes, buffer_bytes=rec.buffer_bytes + cast_bytes,
         input_bytes=rec.input_bytes, grad_bytes=rec.grad_bytes_end,
         measured_peak_bytes=m.peak_bytes if m is not None else 0,
         measured_step_s=m.step_s if m is not None else sum(fwd_t.values()) + sum(bwd_t),
@@ -333,8 +380,22 @@ def build_graph(prog: Program, rec: Rec, fwd_t: dict[str, float], bwd_t: list[fl
               RNG_META: {"state_bytes": rng_state_bytes(device),
                          "nodes": [n.name for n in prog.nodes if may_draw_random(n, prog.gm)]},
               # the step holds the loss until backward ends
-              "loss_node": prog.loss_leaf.name if isinstance(prog.loss_leaf, fx.Node) else ""},
+              "loss_node": prog.loss_leaf.name if isinstance(prog.loss_leaf, fx.Node) else "",
+              **({"autocast_cache": {"bytes": cast_bytes, "storages": len(cached)}}
+                 if cached else {})},
     )
+
+
+def _saved(rec: Rec, node: str) -> tuple[Saved, ...]:
+    """What ``node`` saved for backward; a cast autocast's cache holds is saved from the base,
+    named after the parameter it is a cast of."""
+    out = []
+    for key, s in rec.saved.get(node, {}).items():
+        if s.storage in rec.autocast_cached:
+            source = rec.cast_of.get(s.storage) or "param:?"
+            s = Saved(f"{source} (autocast cast)", None, s.bytes)
+        out.append(s)
+    return tuple(out)
 
 
 def flop_share(spec: DeviceSpec, ops: Any) -> float:

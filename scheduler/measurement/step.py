@@ -177,6 +177,10 @@ def measure(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any]
         for p in params:
             p.grad = None
         base = base_bytes(module, inputs)
+        # each measured step starts from an empty autocast cache: the casts of parameters
+        # that the steps before left there are memory this step holds too, which neither
+        # count would see (as `capture.record` does)
+        torch.clear_autocast_cache()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
@@ -203,6 +207,7 @@ def measure(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any]
             split = backward_at[0]  # (the step below sets it again)
             for p in params:  # (freed inside the profiled step, they were allocated before
                 p.grad = None  # it: c10 warns of such frees on stderr)
+            torch.clear_autocast_cache()
             held = allocator_rise(step, device) + base if allocator else None
         for p in params:
             p.grad = None

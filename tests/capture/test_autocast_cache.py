@@ -1,0 +1,140 @@
+"""Autocast's cache of parameter casts in the profile and in `scheduler.measure`.
+
+Under ``torch.autocast`` the cast of each parameter (a leaf that requires grad) is cached until
+the outermost autocast block exits: the bf16 copy of a weight lives through the whole step,
+whatever a checkpoint drops, and a checkpoint's replay finds it there. The profile holds those
+casts in the base (`capture.record`); `measure` starts its measured steps from an empty cache
+so that both of its counts see them. The references here are the model's own parameters and
+the allocator's count of the model's own step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+import scheduler
+from scheduler.cost.simulate import simulate
+from scheduler.ir.graph import CostGraph
+from scheduler.ir.schedule import Schedule
+
+
+def gpt() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    from examples.gpt import build
+
+    model, (idx, _) = build(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64,
+                            batch=2, seed=0)
+    return model, (idx,)
+
+
+def cast_bytes(model: nn.Module) -> int:
+    """Bytes of the bf16 casts autocast makes of ``model``'s parameters on the CPU: those of
+    its Linear layers (layer norms and embeddings run in float32), each parameter once (the
+    language model head's weight is the token embedding's)."""
+    params = {id(p): p for m in model.modules() if isinstance(m, nn.Linear)
+              for p in m.parameters(recurse=False)}
+    return sum(p.numel() * 2 for p in params.values())
+
+
+@pytest.fixture(scope="module")
+def profiled() -> tuple[nn.Module, tuple[torch.Tensor], CostGraph]:
+    model, inputs = gpt()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return model, inputs, scheduler.profile(model, inputs, mode="real", repeats=1)
+
+
+def test_the_casts_autocast_caches_are_held_in_the_base(profiled: tuple,
+                                                        tmp_path: Path) -> None:
+    model, inputs, g = profiled
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert g.meta["autocast_cache"]["bytes"] == cast_bytes(model) > 0
+    assert g.param_bytes == params
+    assert g.base_bytes == params + inputs[0].numel() * 8 + cast_bytes(model)
+    # a node saves a cast from the base, named after its parameter
+    sources = {s.source for n in g.nodes for s in n.saved if s.storage is None}
+    assert "param:transformer.h.0.attn.c_attn.weight (autocast cast)" in sources
+    path = tmp_path / "g.json"
+    g.save(path)
+    again = CostGraph.load(path)
+    assert simulate(again, Schedule.none(again)).peak_bytes == simulate(
+        g, Schedule.none(g)).peak_bytes
+
+
+def test_unscheduled_prediction_is_the_allocators_count_under_autocast(profiled: tuple
+                                                                       ) -> None:
+    """In a training loop's steady state: the steps before, in the same autocast block, left
+    their casts in the cache. The allocator's count of the model's own step saw none of them
+    (they were there before the step began): 19% under the prediction here."""
+    model, inputs, g = profiled
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        scheduler.measure(model, inputs, repeats=1)  # (fills the cache)
+        m = scheduler.measure(model, inputs, repeats=1)
+    predicted = simulate(g, Schedule.none(g)).peak_bytes
+    assert abs(predicted - m.allocator_peak_bytes) <= 0.005 * m.allocator_peak_bytes, (
+        predicted, m.allocator_peak_bytes)
+    assert m.peak_bytes <= predicted
+
+
+def test_a_fake_profile_holds_the_same_casts(profiled: tuple) -> None:
+    model, inputs, _ = profiled
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        g = scheduler.profile(model, inputs, mode="fake", repeats=1)
+    assert g.meta["autocast_cache"]["bytes"] == cast_bytes(model)
+
+
+def test_no_autocast_holds_nothing(profiled: tuple) -> None:
+    model, inputs, _ = profiled
+    g = scheduler.profile(model, inputs, mode="fake", repeats=1)
+    assert "autocast_cache" not in g.meta
+    assert g.base_bytes == sum(p.numel() * 4 for p in model.parameters()) + inputs[0].numel() * 8
+
+
+def _step(module: nn.Module, inputs: tuple[torch.Tensor]) -> tuple[torch.Tensor, list]:
+    """Loss and gradients of one step from an empty autocast cache (an autocast block's first
+    step), random ops drawn after seed 0."""
+    for p in module.parameters():
+        p.grad = None
+    torch.manual_seed(0)
+    torch.clear_autocast_cache()
+    loss = module(*inputs).float().mean()
+    loss.backward()
+    grads = [p.grad for p in module.parameters()]
+    for p in module.parameters():
+        p.grad = None
+    return loss.detach(), grads
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
+    "not fixed: a save set's replay from an empty autocast cache (every training step that "
+    "enters torch.autocast anew) is handed the wrong cached tensors"))
+def test_a_save_set_replays_from_an_empty_autocast_cache(profiled: tuple) -> None:
+    """A save set caches its nodes' ops for the replay, in order, per op: the cast of a weight
+    made in forward (the cache was empty) is found in autocast's cache by the replay, which
+    dispatches no cast for it, so the save set hands the weight's cast to the next cast the
+    replay makes (an error, or wrong values where the shapes agree). Recomputing the cached
+    casts in the policy (not saving them) was not enough: saving a Linear node or attention
+    still fails. From a warm cache (the same autocast block's second step) it runs."""
+    model, inputs, g = profiled
+    spans, names, i = [], g.compute_nodes, 0
+    while i < len(names):  # each block recomputed, every node of it that allocates saved
+        j, block = i, g.node(names[i]).block
+        while j < len(names) and g.node(names[j]).block == block:
+            j += 1
+        save = [n for n in names[i:j] if g.allocates(n)] if block else ()
+        spans.append((i, j, "recompute", save) if block else (i, j, "keep"))
+        i = j
+    schedule = Schedule.from_regions(g, spans, solver="test")
+    assert sum(len(r.save) for r in schedule.recompute_regions) >= 4
+    from examples.gpt import build
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        module = scheduler.apply(model, schedule, inputs)
+        got = _step(module, inputs)
+        fresh = build(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64, batch=2,
+                      seed=0)[0]
+        want = _step(fresh, inputs)
+    assert torch.equal(got[0], want[0])
+    assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
