@@ -216,10 +216,18 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
                 gm = ep.module()
                 tracer = "export"
             except Exception as e2:  # noqa: BLE001
+                failed = (f"torch.fx.symbolic_trace failed with {fx_error}; torch.export failed "
+                          f"with {usercode.first_line(e2)}{usercode.where(e2)}")
+                cache = _cache_in(out)
+                if cache is not None:
+                    raise TraceError(
+                        f"could not trace {type(model).__name__}: its output holds a "
+                        f"{cache} (past_key_values: the model runs with use_cache=True), "
+                        "which neither tracer can return, and a training step does not use "
+                        "it. Set model.config.use_cache = False before solving (or build the "
+                        f"model with use_cache=False in its config). ({failed})") from e2
                 raise TraceError(
-                    f"could not trace {type(model).__name__}: torch.fx.symbolic_trace failed with "
-                    f"{fx_error}; torch.export failed with "
-                    f"{usercode.first_line(e2)}{usercode.where(e2)}. "
+                    f"could not trace {type(model).__name__}: {failed}. "
                     "Make the failing line free of data-dependent Python control flow (branch on "
                     "shapes, not tensor values; use torch.where), move it into the loss via "
                     "loss_fn=..., or wrap the model so it returns tensors only") from e2
@@ -233,6 +241,17 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
     gm.meta["scheduler"] = info
     usercode.warn_user_code(type(model).__name__, tracer, watch.checkpoints, info.unfired_hooks)
     return gm
+
+
+def _cache_in(out: Any) -> str | None:
+    """The class name of a Hugging Face key/value cache (a ``transformers`` ``Cache``: what a
+    model returns as ``past_key_values`` with ``use_cache=True``) among the leaves of a model
+    output, or None. Such an object is not a pytree of tensors: no tracer can return it."""
+    for leaf in pytree.tree_leaves(out):
+        if any(c.__name__ == "Cache" and c.__module__.startswith("transformers.")
+               for c in type(leaf).__mro__):
+            return type(leaf).__name__
+    return None
 
 
 def _state(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

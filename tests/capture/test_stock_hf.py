@@ -106,3 +106,37 @@ def test_a_user_hook_on_a_moe_layer_still_warns() -> None:
     assert len(said) == 1 and "'model.layers.1.mlp'" in said[0]
     assert "output_capturing_hook" not in said[0]
     assert [h.module for h in gm.meta["scheduler"].unfired_hooks] == ["model.layers.1.mlp"]
+
+
+# ------------------------------------------------------------- use_cache=True
+
+
+def test_a_stock_config_with_use_cache_names_the_fix() -> None:
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            max_position_embeddings=32, bos_token_id=0, eos_token_id=0)
+    assert config.use_cache  # the stock default
+    model = tf.LlamaForCausalLM(config).train()
+    inputs = (BATCH["input_ids"], None, None, None, None, BATCH["labels"])
+    with pytest.raises(scheduler.TraceError) as e:
+        trace(model, inputs)
+    msg = str(e.value)
+    assert "\n" not in msg and "use_cache=True" in msg and "DynamicCache" in msg
+    assert "model.config.use_cache = False" in msg
+    # the fix named works: the plan computes the model's own loss and gradients
+    model.config.use_cache = False
+    plan = scheduler.solve(model, BATCH, budget=1.0, solver="uniform:2", mode="real", repeats=1)
+    assert plan.schedule.recompute_regions
+
+    def step(module: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        for p in module.parameters():
+            p.grad = None
+        loss = module(**BATCH).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in module.parameters()]
+
+    got, want = step(plan.module), step(model)
+    assert torch.equal(got[0], want[0])
+    for a, b in zip(got[1], want[1]):  # sdpa (the stock default) exported sums in another
+        torch.testing.assert_close(a, b)  # order than eager: ~1e-8 with solver="none" too
