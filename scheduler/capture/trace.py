@@ -160,7 +160,8 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
         loss_fn: ``loss_fn(model_output) -> scalar``; default: `default_loss_recipe`.
         fake: a `fake.FakeStep`: the forward that finds the output's structure runs under
             it, on fake tensors, so that tracing allocates nothing of activation size (the
-            inputs may then be fake tensors of it, and `torch.export` traces with them).
+            inputs may then be fake tensors of it, and `torch.export` traces with them; a
+            model on the meta device is exported with its parameters' fakes in place).
 
     Returns:
         A ``GraphModule`` computing ``(model_output, loss)`` whose parameters are the model's
@@ -210,10 +211,17 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
             _check_fx_outputs(gm, out_spec)
         except Exception as e:  # noqa: BLE001 - any failure means: try the other tracer
             fx_error = usercode.first_line(e)
+            # torch.export bakes the devices it sees into the graph (``arange(device=...)``,
+            # ``_assert_tensor_metadata``): a model on the meta device is exported with its
+            # fakes in place, on the device the fake step runs on, then given its own back
+            swap = fake is not None and _on_meta(model)
             try:
-                with preserved_state(model), usercode.export_quietly():
+                with (preserved_state(model), usercode.export_quietly(),
+                      fake.swapped(step) if swap else contextlib.nullcontext()):
                     ep = torch.export.export(step, inputs, strict=False)
                 gm = ep.module()
+                if swap:
+                    fake.put_back(gm)
                 tracer = "export"
             except Exception as e2:  # noqa: BLE001
                 failed = (f"torch.fx.symbolic_trace failed with {fx_error}; torch.export failed "
@@ -241,6 +249,10 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
     gm.meta["scheduler"] = info
     usercode.warn_user_code(type(model).__name__, tracer, watch.checkpoints, info.unfired_hooks)
     return gm
+
+
+def _on_meta(model: nn.Module) -> bool:
+    return any(t.device.type == "meta" for _, t in _state(model))
 
 
 def _cache_in(out: Any) -> str | None:
