@@ -42,9 +42,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .usercode import first_line, where
 
-__all__ = ["FakeProfileError", "FakeStep", "OpCounter", "RejectedInputsError", "fake_failure",
-           "is_spec", "needs_fake", "parse_device", "rejected_inputs",
-           "rounded_bytes", "spec_of", "specs_as_meta"]
+__all__ = ["FakeProfileError", "FakeStep", "OpCounter", "RejectedInputsError",
+           "check_not_meta", "fake_failure", "is_spec", "needs_fake", "parse_device",
+           "rejected_inputs", "rounded_bytes", "spec_of", "specs_as_meta"]
 
 #: what the CUDA caching allocator rounds every block up to (``kMinBlockSize``): the bytes
 #: ``torch.cuda.memory_allocated`` counts for a storage
@@ -180,6 +180,14 @@ class FakeStep:
     def active(self, *modules: nn.Module) -> Iterator[None]:
         """Run under the fake mode with the parameters and buffers of ``modules`` (and of all
         their submodules) replaced by their fakes; everything is put back on exit."""
+        with self.swapped(*modules), self.mode, _named_failures(), _quiet_meta_failures():
+            yield
+
+    @contextlib.contextmanager
+    def swapped(self, *modules: nn.Module) -> Iterator[None]:
+        """The parameters and buffers of ``modules`` (and of all their submodules) replaced by
+        their fakes, outside the fake mode (what ``torch.export`` traces with: it enters the
+        fake mode of its inputs itself); everything is put back on exit."""
         swapped: list[tuple[dict[str, Any], str, Any]] = []
         try:
             for m in _unique_modules(modules):
@@ -188,11 +196,21 @@ class FakeStep:
                         if isinstance(t, torch.Tensor):
                             swapped.append((d, name, t))
                             d[name] = self.fake(t)
-            with self.mode, _named_failures(), _quiet_meta_failures():
-                yield
+            yield
         finally:
             for d, name, t in reversed(swapped):
                 d[name] = t
+
+    def put_back(self, module: nn.Module) -> None:
+        """Replace every fake of this step among the parameters and buffers of ``module`` (and
+        its submodules) by the real tensor it stands for: a graph ``torch.export`` traced
+        under `swapped` holds the fakes, and must hold the model's own tensors."""
+        real_of = {id(f): real for real, f in self._fakes.values()}
+        for m in module.modules():
+            for d in (m._parameters, m._buffers):
+                for name, t in list(d.items()):
+                    if id(t) in real_of:
+                        d[name] = real_of[id(t)]
 
 
 def _unique_modules(modules: Iterable[nn.Module]) -> list[nn.Module]:
@@ -215,14 +233,32 @@ def parse_device(device: str | torch.device) -> torch.device:
                          f"'cpu', 'cuda' or 'cuda:1'") from None
 
 
+def check_not_meta(device: str | torch.device | None) -> None:
+    """Refuse ``device="meta"`` as the device to plan for: meta tensors have no storage, so a
+    step on them has no memory to count (a model *on* the meta device is fine: it is planned
+    for a real device under fake tensors).
+
+    Raises:
+        FakeProfileError: ``device`` is the meta device (the message names the way out).
+        ValueError: ``device`` is not a device (`parse_device`).
+    """
+    if device is not None and parse_device(device).type == "meta":
+        raise FakeProfileError(
+            f"device={str(device)!r} is not a device to plan for: meta tensors have no storage, "
+            f"so a step on them has no memory to count; pass the device the model will train "
+            f"on (device='cpu' or 'cuda'). A model built on the meta device is planned for "
+            f"that device with mode='fake' (or 'auto')")
+
+
 def _check_device(device: torch.device) -> None:
+    check_not_meta(device)
     if device.type == "cuda" and torch.version.cuda is None and torch.version.hip is None:
         raise FakeProfileError(
             f"cannot plan for device {device} here: this PyTorch build ({torch.__version__}) "
             f"has no CUDA support, and autograd needs it even for fake CUDA tensors; install a "
             f"CUDA build of PyTorch (no GPU is needed for a fake profile), or plan for "
             f"device='cpu'")
-    if device.type not in ("cpu", "cuda", "meta"):
+    if device.type not in ("cpu", "cuda"):
         raise FakeProfileError(
             f"cannot plan for device {device} under fake tensors (only cpu and cuda are "
             f"supported); profile on the device itself with mode='real'")

@@ -23,8 +23,8 @@ from ..units import format_bytes
 from . import node_times
 from .calls import call_inputs, check_differentiable
 from ..measurement.storage import free_bytes
-from .fake import (FakeStep, fake_failure, needs_fake, parse_device, rejected_inputs,
-                   specs_as_meta)
+from .fake import (FakeStep, check_not_meta, fake_failure, needs_fake, parse_device,
+                   rejected_inputs, specs_as_meta)
 from .program import Program
 from .record import Rec, Recorder, build_graph, device_of, profile_traced, traced_fingerprint
 from .roofline import device_spec as device_spec_of
@@ -126,6 +126,7 @@ def profile_step(model: nn.Module, example_inputs: Any, *,
     """`profile`, returning the traced graph, the `CostGraph` and the positional inputs
     (what `solve` rewrites with)."""
     fake_times = check_profile_options(mode, times, device_spec, headroom)
+    check_not_meta(device)
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     given = specs_as_meta(example_inputs)

@@ -160,7 +160,8 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
         loss_fn: ``loss_fn(model_output) -> scalar``; default: `default_loss_recipe`.
         fake: a `fake.FakeStep`: the forward that finds the output's structure runs under
             it, on fake tensors, so that tracing allocates nothing of activation size (the
-            inputs may then be fake tensors of it, and `torch.export` traces with them).
+            inputs may then be fake tensors of it, and `torch.export` traces with them; a
+            model on the meta device is exported with its parameters' fakes in place).
 
     Returns:
         A ``GraphModule`` computing ``(model_output, loss)`` whose parameters are the model's
@@ -210,16 +211,31 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
             _check_fx_outputs(gm, out_spec)
         except Exception as e:  # noqa: BLE001 - any failure means: try the other tracer
             fx_error = usercode.first_line(e)
+            # torch.export bakes the devices it sees into the graph (``arange(device=...)``,
+            # ``_assert_tensor_metadata``): a model on the meta device is exported with its
+            # fakes in place, on the device the fake step runs on, then given its own back
+            swap = fake is not None and _on_meta(model)
             try:
-                with preserved_state(model), usercode.export_quietly():
+                with (preserved_state(model), usercode.export_quietly(),
+                      fake.swapped(step) if swap else contextlib.nullcontext()):
                     ep = torch.export.export(step, inputs, strict=False)
                 gm = ep.module()
+                if swap:
+                    fake.put_back(gm)
                 tracer = "export"
             except Exception as e2:  # noqa: BLE001
+                failed = (f"torch.fx.symbolic_trace failed with {fx_error}; torch.export failed "
+                          f"with {usercode.first_line(e2)}{usercode.where(e2)}")
+                cache = _cache_in(out)
+                if cache is not None:
+                    raise TraceError(
+                        f"could not trace {type(model).__name__}: its output holds a "
+                        f"{cache} (past_key_values: the model runs with use_cache=True), "
+                        "which neither tracer can return, and a training step does not use "
+                        "it. Set model.config.use_cache = False before solving (or build the "
+                        f"model with use_cache=False in its config). ({failed})") from e2
                 raise TraceError(
-                    f"could not trace {type(model).__name__}: torch.fx.symbolic_trace failed with "
-                    f"{fx_error}; torch.export failed with "
-                    f"{usercode.first_line(e2)}{usercode.where(e2)}. "
+                    f"could not trace {type(model).__name__}: {failed}. "
                     "Make the failing line free of data-dependent Python control flow (branch on "
                     "shapes, not tensor values; use torch.where), move it into the loss via "
                     "loss_fn=..., or wrap the model so it returns tensors only") from e2
@@ -233,6 +249,21 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
     gm.meta["scheduler"] = info
     usercode.warn_user_code(type(model).__name__, tracer, watch.checkpoints, info.unfired_hooks)
     return gm
+
+
+def _on_meta(model: nn.Module) -> bool:
+    return any(t.device.type == "meta" for _, t in _state(model))
+
+
+def _cache_in(out: Any) -> str | None:
+    """The class name of a Hugging Face key/value cache (a ``transformers`` ``Cache``: what a
+    model returns as ``past_key_values`` with ``use_cache=True``) among the leaves of a model
+    output, or None. Such an object is not a pytree of tensors: no tracer can return it."""
+    for leaf in pytree.tree_leaves(out):
+        if any(c.__name__ == "Cache" and c.__module__.startswith("transformers.")
+               for c in type(leaf).__mro__):
+            return type(leaf).__name__
+    return None
 
 
 def _state(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

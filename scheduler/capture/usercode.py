@@ -16,7 +16,11 @@ the user wrote stop working, and this module finds them while tracing:
   Calls from other threads are left to the real functions.
 * **Module hooks that will not fire** (`unfired_hooks`): forward, forward-pre and backward
   hooks of the submodules the trace inlines, and global module hooks, which fire only for the
-  modules the plan still calls. The root model's own hooks are kept by the plan.
+  modules the plan still calls. The root model's own hooks are kept by the plan. Hooks that a
+  library installs to pass tensors from inside one forward of the model to its output
+  (`LIBRARY_HOOKS`: transformers' output capture, which returns MoE router logits, hidden
+  states and attentions) are not lost: that data flow is in the traced graph, and they do
+  nothing else.
 
 `warn_user_code` says so in one `UserCodeWarning` per finding, with the way out.
 `export_quietly` holds back what a failing ``torch.export`` of the user's code prints.
@@ -41,9 +45,9 @@ import torch.utils.checkpoint as torch_checkpoint
 from torch import nn
 from torch.nn.modules import module as torch_module
 
-__all__ = ["UserCodeWarning", "LostHook", "STEP_FILE", "Watch", "plain_checkpoints",
-           "called_modules", "export_quietly", "first_line", "unfired_hooks", "warn_user_code",
-           "is_user_file", "where"]
+__all__ = ["UserCodeWarning", "LostHook", "LIBRARY_HOOKS", "STEP_FILE", "Watch",
+           "plain_checkpoints", "called_modules", "export_quietly", "first_line",
+           "is_library_hook", "unfired_hooks", "warn_user_code", "is_user_file", "where"]
 
 #: File name of the generated step module's ``forward`` (scheduler code, not the user's).
 STEP_FILE = "<scheduler step>"
@@ -55,6 +59,16 @@ _OWN = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
 #: (attribute of an `nn.Module` / of `torch.nn.modules.module`, the kind of hook it holds)
 _HOOKS = (("_forward_pre_hooks", "forward pre-hook"), ("_forward_hooks", "forward hook"),
           ("_backward_pre_hooks", "backward pre-hook"), ("_backward_hooks", "backward hook"))
+
+
+#: ``(module, function name)`` of hooks that libraries install on a model's submodules whose
+#: only effect is to hand tensors computed inside one forward of the model to that forward's
+#: output, through a collector the model's own forward opens and closes around the call: the
+#: traced graph computes those outputs directly, so a plan loses nothing when they do not
+#: run. transformers (5.x) installs ``output_capturing_hook`` on the layers named in a model's
+#: ``_can_record_outputs`` (router logits for the MoE auxiliary loss, hidden states,
+#: attentions).
+LIBRARY_HOOKS = (("transformers.utils.output_capturing", "output_capturing_hook"),)
 
 
 class UserCodeWarning(UserWarning):
@@ -184,6 +198,8 @@ def unfired_hooks(model: nn.Module, called: set[int],
             never calls do not fire in the original either.
         kept: dotted paths of the submodules the plan still calls through ``__call__`` (fx's
             ``call_module`` leaves); their hooks and their descendants' fire.
+
+    `LIBRARY_HOOKS` are left out: what they do is in the graph.
     """
 
     def is_kept(path: str) -> bool:
@@ -193,11 +209,22 @@ def unfired_hooks(model: nn.Module, called: set[int],
     inlined = [(path, mod) for path, mod in model.named_modules()
                if id(mod) in called and not is_kept(path)]
     lost = [LostHook(path, kind, _name(hook)) for path, mod in inlined
-            for attr, kind in _HOOKS for hook in getattr(mod, attr).values()]
+            for attr, kind in _HOOKS for hook in getattr(mod, attr).values()
+            if not is_library_hook(hook)]
     if inlined:
         lost += [LostHook(None, kind, _name(hook)) for attr, kind in _HOOKS
-                 for hook in getattr(torch_module, "_global" + attr).values()]
+                 for hook in getattr(torch_module, "_global" + attr).values()
+                 if not is_library_hook(hook)]
     return tuple(lost)
+
+
+def is_library_hook(hook: Any) -> bool:
+    """Whether ``hook`` is one of `LIBRARY_HOOKS`, by its function's module and name (the
+    last part of its qualified name: they are closures)."""
+    fn = getattr(hook, "func", hook)  # functools.partial
+    module = getattr(fn, "__module__", None)
+    name = (getattr(fn, "__qualname__", None) or "").rsplit(".", 1)[-1]
+    return (module, name) in LIBRARY_HOOKS
 
 
 def _name(hook: Any) -> str:

@@ -5,6 +5,8 @@ statistics there) and what `capture.profile` records a step with.
 recompute), registers each new storage once with a weak reference, and subtracts it when the
 storage dies. Views and in-place results share their base's storage and count once. Memory an
 op allocates and frees inside its own kernel is invisible to it (CUDA measurement sees it).
+Tensors on the meta device hold no memory and are not counted: no step is planned for it
+(`capture.fake.check_not_meta`).
 """
 
 from __future__ import annotations

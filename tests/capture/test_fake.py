@@ -277,20 +277,24 @@ def test_inputs_as_specs_or_meta(name: str, given: str,
     assert "\n" not in msg and f"example_inputs{first}" in msg and "mode='fake'" in msg
 
 
-def test_model_on_meta_is_profiled_and_solved(profiles: Callable[[str], Profiles]) -> None:
-    p = profiles("gpt")
+@pytest.mark.parametrize("name", ["gpt", "llama"])  # the fx path; the export path
+def test_model_on_meta_is_profiled_and_solved(name: str,
+                                              profiles: Callable[[str], Profiles]) -> None:
+    p = profiles(name)
     with torch.device("meta"):
-        meta_model, _ = TINY["gpt"]()
+        meta_model, _ = TINY[name]()
     assert all(t.device.type == "meta" for t in meta_model.parameters())
+    first = next(n for n, _ in meta_model.named_parameters())
     specs = _as_specs(p.inputs)
     g = scheduler.profile(meta_model, specs, **FAKE)
     assert_same_memory(p.real, g)
+    assert unscheduled(g) == unscheduled(p.real)
     auto = scheduler.profile(meta_model, p.inputs, times="roofline", device_spec="cpu")
     assert auto.meta["profile"]["mode"] == "fake"
-    assert "parameter 'transformer.wte.weight' is on the meta device" in auto.meta["profile"][
-        "why"]
-    with pytest.raises(ValueError, match=r"^mode='real' runs the step, but GPT's parameter "
-                                         r"'transformer.wte.weight' is on the meta device"):
+    assert f"parameter {first!r} is on the meta device" in auto.meta["profile"]["why"]
+    with pytest.raises(ValueError, match=rf"^mode='real' runs the step, but "
+                                         rf"{type(meta_model).__name__}'s parameter "
+                                         rf"'{first}' is on the meta device"):
         scheduler.profile(meta_model, p.inputs, mode="real")
     # solved on meta, applied to the real model, measured for real
     fraction = feasible_fraction(p.fake)

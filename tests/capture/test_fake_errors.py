@@ -15,7 +15,7 @@ from typing import Any, Callable
 import pytest
 import torch
 import torch.nn as nn
-from _fake_cases import FAKE, example
+from _fake_cases import FAKE, TINY, example
 from conftest import ROOT
 
 import scheduler
@@ -92,6 +92,24 @@ def test_device_that_is_no_device() -> None:
             scheduler.profile(model, inputs, mode=mode, device="tpu",
                               **({} if mode == "real" else {"times": "roofline",
                                                             "device_spec": "cpu"}))
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])  # the fx path; the export path
+def test_meta_is_no_device_to_plan_for(name: str) -> None:
+    """Meta tensors have no storage: a step "on meta" counted the parameters only (GPT:
+    112,640 B of a 335,368 B step) or crashed in torch.export (Llama)."""
+    model, inputs = TINY[name]()
+    for mode in ("fake", "auto", "real"):
+        opts = {"mode": mode, "repeats": 1} | ({} if mode == "real" else
+                                               {"times": "roofline", "device_spec": "cpu"})
+        with pytest.raises(FakeProfileError) as e:
+            scheduler.profile(model, inputs, device="meta", **opts)
+        msg = _one_line(e.value)
+        assert msg.startswith("device='meta' is not a device to plan for: meta tensors have no "
+                              "storage"), msg
+        assert "device='cpu' or 'cuda'" in msg and "mode='fake'" in msg
+    with pytest.raises(FakeProfileError, match=r"^device='meta' is not a device to plan for"):
+        scheduler.solve(model, inputs, budget=0.9, device=torch.device("meta"), **FAKE)
 
 
 class _Net(nn.Module):
