@@ -85,14 +85,13 @@ def recorded_graph() -> Callable[[str], CostGraph]:
 
     return load
 
-#: Small but non-trivial sizes of every example (seconds, not minutes, to profile on 2 cores).
-#: MLP uses batch=256 so that activations, not parameters, dominate its peak.
-SMALL: dict[str, dict[str, Any]] = {
-    "mlp": dict(batch=256, dim=64, depth=3),
-    "gpt": dict(batch=2, block_size=16, n_layer=2, n_head=2, n_embd=32, vocab_size=64),
-    "unet": dict(batch=2, channels=3, size=16, base=4, classes=2),
-    "hf_gpt2": dict(batch=2, seq_len=16, n_layer=2, n_head=2, n_embd=32, vocab_size=64),
-}
+#: Small but non-trivial sizes of every example (seconds, not minutes, to profile on 2 cores),
+#: kept with the model factories the benchmarks share (benchmarks/_models.py)
+sys.path.insert(0, str(ROOT / "benchmarks"))
+try:
+    from _models import SMALL
+finally:
+    sys.path.remove(str(ROOT / "benchmarks"))
 EXAMPLES = list(SMALL)
 
 
