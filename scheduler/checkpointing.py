@@ -155,6 +155,13 @@ class CheckpointRegion(nn.Module):
         if torch.compiler.is_compiling():
             return checkpoint(functools.partial(self.body, None, attrs), *inputs,
                               use_reentrant=False, preserve_rng_state=self.random, **kw)
+        if self.has_save and any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")):
+            raise RuntimeError(
+                "a recompute region with a save set cannot run under torch.autocast: its replay "
+                "finds weight casts in autocast's cache that forward made, and selective "
+                "checkpointing would hand it the wrong saved tensors. Solve inside the same "
+                "torch.autocast you train in (the solvers then plan without save sets), or "
+                "train without autocast")
         # (the call state keeps the inputs only for a save set's RNG states: a nested region's
         # inputs must die when its parent's checkpoint lets go of them)
         call = EagerCall(inputs if self.has_save and self.random else (), self.random)

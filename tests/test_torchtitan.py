@@ -76,12 +76,6 @@ def test_torchtitan_llama3_trains_with_plans_its_own_gradients_within_budget(run
 
 
 @pytest.mark.slow
-# not strict: whether the unmodelled bytes cross the budget depends on the schedule the timed
-# search reaches (it did at 70% only in one run, at 90% only in another)
-@pytest.mark.xfail(strict=False, raises=AssertionError,
-                   reason="issue 34 item 5: the CPU RNG state each checkpoint keeps (5,056 B a "
-                   "region) is not in the cost model, so the allocator's count can run over the "
-                   "budget by up to that times the regions; remove this mark with that fix")
 @pytest.mark.parametrize("budget", BUDGETS)
 def test_torchtitan_llama3_plans_fit_by_the_allocators_count(runs, budget):
     r = runs[budget]
