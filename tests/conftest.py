@@ -64,6 +64,17 @@ def budget_bytes(graph: CostGraph, fraction: float) -> int:
     return int(fraction * unscheduled_peak(graph))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n 2``, as the README runs the suite), one torch thread per
+    worker: two workers of two threads each on two cores slow torch many times over."""
+    import os
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def recorded_graph() -> Callable[[str], CostGraph]:
     """``recorded_graph(name)``: ``graphs/<name>.json`` as a new `CostGraph` on every call.

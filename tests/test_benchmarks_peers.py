@@ -59,6 +59,7 @@ def test_wrapped_blocks_compute_the_models_gradients() -> None:
             torch.testing.assert_close(a, b)
 
 
+@pytest.mark.slow  # (a whole race, compiled variants included)
 def test_quick_race_writes_its_section_and_plot(tmp_path, monkeypatch) -> None:
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# Benchmarks\n\n<!-- begin peers -->\nold\n<!-- end peers -->\n")

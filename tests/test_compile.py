@@ -85,6 +85,7 @@ def test_fx_plan_compiles_to_one_graph_with_the_models_gradients(gpt_plan: Any) 
     assert_one_graph_with_the_models_gradients(*gpt_plan)
 
 
+@pytest.mark.slow  # (a solve and a compile; the fx one-graph test stays fast)
 def test_plan_solved_for_compile_runs_in_one_graph_with_the_models_gradients() -> None:
     """A plan solved with ``execution="compiled"`` (replays of what fuses are free, so it
     recomputes more and keeps the matmuls' outputs) is the model under compile as well."""
@@ -132,8 +133,7 @@ COMPILED_CAUSE = ("inductor's compiled step allocates other buffers than the eag
 def compiled_case(budget: str, solver: str) -> Any:
     why = OVER_BUDGET_COMPILED[(budget, solver)]
     marks = [pytest.mark.xfail(strict=True, reason=f"{why}: {COMPILED_CAUSE}")] if why else []
-    if (budget, solver) != ("60%", "greedy"):
-        marks.append(pytest.mark.slow)
+    marks.append(pytest.mark.slow)  # (each compiles a planned step: minutes on two cores)
     return pytest.param(budget, solver, marks=marks, id=f"{solver}-{budget}")
 
 
@@ -156,6 +156,7 @@ def test_compiled_peak_against_budget(budget: str, solver: str) -> None:
                                   f"(eager plan {eager} B)")
 
 
+@pytest.mark.slow  # (compiles twice; tests/test_nested covers save sets eagerly)
 def test_save_set_reaches_the_compiled_graph(gpt_plan: Any) -> None:
     """A save set (every c_fc/c_attn Linear in the recompute regions) is what the compiled
     graph's partitioner sees as MUST_SAVE; without one nothing is."""
@@ -223,6 +224,7 @@ def test_batchnorm_statistics_update_once_per_step_compiled(save: bool) -> None:
             if isinstance(m, nn.BatchNorm2d)] == [3, 3]
 
 
+@pytest.mark.slow  # (a minute of compiling; the fx path's one-graph test stays fast)
 def test_export_path_compiles_to_one_graph() -> None:
     """A Hugging Face Llama from a config (traced by torch.export), planned and called with a
     keyword batch: one graph under fullgraph=True, the model's gradients."""

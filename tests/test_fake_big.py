@@ -43,6 +43,7 @@ def cell(text: str, quantity: str) -> str:
     return row.split(" | ")[1]
 
 
+@pytest.mark.slow  # (a fake profile, a solve and real steps)
 def test_tiny_gpt_planned_from_a_fake_profile_runs_within_its_budget(tmp_path, monkeypatch,
                                                                       threads):
     from examples.gpt import build

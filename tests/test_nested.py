@@ -238,6 +238,7 @@ def test_a_nested_plan_below_the_flat_floor_runs_within_its_budget() -> None:
     assert all(torch.equal(got.grads[k], ref.grads[k]) for k in ref.grads)
 
 
+@pytest.mark.slow  # (a minute of solving; the nested executor's fast tests stay)
 def test_solve_below_the_one_level_floor_gives_a_nested_plan_that_fits_and_computes_the_step(
 ) -> None:
     """The GPT example (dropout 0.1) at the nested block DP's floor, which is below what the

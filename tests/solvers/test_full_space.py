@@ -128,6 +128,7 @@ SPACES = {
 }
 
 
+@pytest.mark.slow  # (brute force over every recorded graph)
 def test_optimal_claims_hold_over_the_full_space() -> None:
     """Whatever solver says OPTIMAL, once certified, has the brute-force optimum of the full
     space; every fitting result's bound and gap are against that space. Whatever says

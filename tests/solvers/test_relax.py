@@ -279,6 +279,7 @@ def test_a_save_set_keeps_its_nodes_op_temporaries() -> None:
         assert _feasible(rel, [(rel.cached[x], 0), (rel.kept[sid], 0)])
 
 
+@pytest.mark.slow  # (CP-SAT runs on a large graph)
 def test_tighten_takes_room_from_the_constraint_it_builds_again(recorded_graph) -> None:
     """`Relaxation.tighten` builds a constraint again with less room (a cut for rounding, not
     a bound): the last forward constraint again, with the whole budget less room, fits

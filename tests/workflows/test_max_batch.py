@@ -67,6 +67,7 @@ def check_answer(factory, budget: int) -> scheduler.MaxBatch:
     return r
 
 
+@pytest.mark.slow  # (profiles and solves many batch sizes)
 def test_gpt_largest_batch_fits_and_the_next_does_not():
     # twice the unscheduled step at batch 2: checkpointing stretches past it
     budget = 2 * measured_unscheduled_peak(gpt_factory, 2)
