@@ -39,13 +39,14 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
+from ..cost.rng import RNG_META
 from ..ir.graph import (BwdStep, CostGraph, Node, Saved, Storage, WrittenRead,
                         structure_fingerprint)
 from ..measurement.step import measure
 from ..measurement.storage import StorageTracker
 from .fake import OpCounter, rounded_bytes
 from .program import Program
-from .randomness import RNG_META, may_draw_random, rng_state_bytes
+from .randomness import may_draw_random, rng_state_bytes
 from .roofline import DeviceSpec, local_spec, work_s
 from .scratch import record_scratch
 from .timing import GradFnIndex, checkpoint_costs, time_steps
