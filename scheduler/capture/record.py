@@ -46,12 +46,13 @@ from .autocast_cache import (
 )
 from .fake import OpCounter, rounded_bytes
 from .fingerprint import shape_str, target_str
+from .mutation import written_reads
 from .program import Program
 from .randomness import may_draw_random, rng_state_bytes
 from .roofline import DeviceSpec, local_spec, work_s
 from .scratch import record_scratch
 from .timing import GradFnIndex, checkpoint_costs, time_steps
-from .trace import block_of, module_path, preserved_state, written_reads
+from .trace import block_of, module_path, preserved_state
 
 __all__ = ["Rec", "Recorder", "TensorMeta", "build_graph", "device_of", "profile_traced",
            "record_traced"]
