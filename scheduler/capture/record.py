@@ -7,7 +7,7 @@ One *recorded* step runs the traced graph node by node (`program.Program`) with
   pre-hooks on the autograd nodes each forward node created);
 * ``torch.autograd.graph.saved_tensors_hooks`` whose pack hook records which storage each node
   saves for backward, mapped back to the node that produced it (or a parameter/input);
-* a `fake.OpCounter` that counts each op's FLOPs and bytes (for times without a real run).
+* a `op_counter.OpCounter` that counts each op's FLOPs and bytes (for times without a real run).
 
 Under autocast, the casts of parameters that autocast's cache holds through the step are
 moved into the base (`autocast_cache`).
@@ -44,9 +44,10 @@ from .autocast_cache import (
     saved_from_base,
     without_cached,
 )
-from .fake import OpCounter, rounded_bytes
+from .fake import rounded_bytes
 from .fingerprint import shape_str, target_str
 from .mutation import written_reads
+from .op_counter import OpCounter
 from .program import Program
 from .randomness import may_draw_random, rng_state_bytes
 from .roofline import DeviceSpec, local_spec, work_s
@@ -106,7 +107,7 @@ class Rec:
     # node -> its output with every tensor leaf a `TensorMeta` (what `node_times` rebuilds)
     metas: dict[str, Any] = field(default_factory=dict)
     # (flops, bytes read and written, half precision) of each op of each node's forward and
-    # of each backward step (`fake.OpCounter`)
+    # of each backward step (`op_counter.OpCounter`)
     fwd_ops: dict[str, list[tuple[int, int, bool]]] = field(
         default_factory=lambda: defaultdict(list))
     step_ops: list[list[tuple[int, int, bool]]] = field(default_factory=list)
@@ -373,7 +374,7 @@ def build_graph(prog: Program, rec: Rec, fwd_t: dict[str, float], bwd_t: list[fl
 
 
 def flop_share(spec: DeviceSpec, ops: Any) -> float:
-    """The share of ``ops``' roofline time on ``spec`` (`fake.OpCounter` rows: flops, bytes,
+    """The share of ``ops``' roofline time on ``spec`` (`op_counter.OpCounter` rows: flops, bytes,
     half) in the ops that have FLOPs (matmuls, convolutions, attention); 0 for no work."""
     total = work_s(spec, list(ops))
     if total <= 0:
