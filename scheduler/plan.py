@@ -21,7 +21,6 @@ import torch.nn as nn
 from .budget import budget_spec, infeasible_error, parse_budget
 from .capture.calls import call_inputs
 from .capture.profile import check_profile_options, profile_step, trace_without_running
-from .capture.randomness import rng_stash_bytes
 from .capture.usercode import UserCodeWarning
 from .cost.compiled import check_execution, costs_for
 from .cost.estimate import Estimate
@@ -33,7 +32,7 @@ from .measurement.step import measure
 from .report import plot_timeline
 from .rewrite import check_on_fallback, rewrite
 from .solvers.base import INFEASIBLE, SolveResult, get_solver
-from .solvers.certify import solve_and_certify
+from .solvers.stash import solve_with_rng_stash
 from .units import check_time_limit, format_bytes, format_seconds
 
 __all__ = ["INPUT_SHAPES", "Plan", "apply", "input_shapes", "solve", "solve_graph"]
@@ -270,44 +269,12 @@ def solve_graph(graph: CostGraph, budget: int | float | str, *, solver: str = "a
     unconstrained = simulate(costs, Schedule.none(costs)).peak_bytes
     budget_bytes = parse_budget(budget, unconstrained)
     target = int(budget_bytes * (1 - headroom))
-    result = _solve_with_rng_stash(costs, target, solver, time_limit_s)
+    result = solve_with_rng_stash(costs, target, solver, time_limit_s)
     if result.status == INFEASIBLE:
         raise infeasible_error(costs, solver, result, budget_bytes, headroom, budget)
     if execution != "eager" and result.schedule is not None:
         result = dataclasses.replace(result, schedule=dataclasses.replace(
             result.schedule, meta={**result.schedule.meta, "execution": execution}))
-    return result
-
-
-#: solves `_solve_with_rng_stash` tries before it accepts a plan without room for the stash
-_STASH_TRIES = 4
-
-
-def _solve_with_rng_stash(costs: CostGraph, target: int, solver: str,
-                          time_limit_s: float | None) -> SolveResult:
-    """`solve_and_certify` at ``target``, then again with room held back for the RNG state
-    the plan's checkpoints stash (`capture.randomness.rng_stash_bytes`: an upper bound,
-    outside the simulated peak) until the two together fit ``target``. The schedule's
-    ``meta["rng_stash_bytes"]`` records the stash, ``meta["rng_reserve_bytes"]`` the room held
-    back (its status and gap are then over the budget less that room)."""
-    reserve = 0
-    for _ in range(_STASH_TRIES):
-        result = solve_and_certify(costs, target - reserve, solver, time_limit_s=time_limit_s)
-        if result.status == INFEASIBLE or result.schedule is None or result.estimate is None:
-            return result
-        stash = rng_stash_bytes(costs, result.schedule)
-        over = result.estimate.peak_bytes + stash - target
-        meta = {**result.schedule.meta, "rng_stash_bytes": stash, "rng_reserve_bytes": reserve}
-        result = dataclasses.replace(result, schedule=dataclasses.replace(result.schedule,
-                                                                          meta=meta))
-        if over <= 0 or not stash:
-            return result
-        reserve += over
-    warnings.warn(
-        f"the plan's predicted peak {format_bytes(result.estimate.peak_bytes)} plus the RNG state "
-        f"its checkpoints keep ({format_bytes(stash)}) exceeds the budget "
-        f"{format_bytes(target)} after {_STASH_TRIES} solves; give a budget "
-        f"{format_bytes(over)} higher", RuntimeWarning, stacklevel=3)
     return result
 
 

@@ -21,8 +21,8 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
+from .capture.mutation import written_reads
 from .capture.program import Program
-from .capture.trace import written_reads
 from .executor import PlannedRegion, generate
 from .ir.schedule import Region, Schedule, ScheduleError
 
@@ -153,7 +153,7 @@ def _check_mutations(prog: Program, regions: list[PlannedRegion]) -> None:
     in backward ("modified by an inplace operation") without naming the op, so it is refused
     here, before any step. Buffers are exempt: the replay restores those it mutates
     (BatchNorm statistics), and they are not region inputs. The reads are the ones profiling
-    records (`trace.written_reads`, `CostGraph.written_reads`), by which every solver keeps
+    records (`mutation.written_reads`, `CostGraph.written_reads`), by which every solver keeps
     its regions clear of this (`ir.replays`): one rule on both sides.
     """
     reads = written_reads(prog.gm, prog.nodes)

@@ -213,7 +213,7 @@ def test_exported_plan_at_another_shape_runs_the_schedule_and_warns() -> None:
 
 def test_exported_training_step_counts_batchnorm_batches() -> None:
     """The buffer's in-place ``add_`` has no reader: it is kept in the model's nodes because
-    it writes into a buffer (`trace.mutated_inputs`)."""
+    it writes into a buffer (`mutation.mutated_inputs`)."""
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
     model, plan = solved(Branchy, (x,))
     ref = build(Branchy)

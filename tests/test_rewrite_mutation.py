@@ -21,7 +21,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import scheduler
-from scheduler.capture.trace import mutated_inputs, trace
+from scheduler.capture.mutation import mutated_inputs
+from scheduler.capture.trace import trace
 from scheduler.ir.schedule import KEEP, RECOMPUTE, Schedule, ScheduleError
 from scheduler.rewrite import rewrite
 

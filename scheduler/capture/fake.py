@@ -38,11 +38,10 @@ from torch._subclasses.fake_tensor import (
     UnsupportedOperatorException,
 )
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .usercode import first_line, where
 
-__all__ = ["FakeProfileError", "FakeStep", "OpCounter", "RejectedInputsError",
+__all__ = ["FakeProfileError", "FakeStep", "RejectedInputsError",
            "check_not_meta", "fake_failure", "is_spec", "needs_fake", "parse_device",
            "rejected_inputs", "rounded_bytes", "spec_of", "specs_as_meta"]
 
@@ -377,41 +376,3 @@ def _quiet_meta_failures() -> Iterator[None]:
         yield
     finally:
         log.removeFilter(drop)
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts each op's floating-point operations (``torch.utils.flop_counter``'s formulas:
-    matmuls, convolutions, attention) and the bytes it reads and writes (its tensor inputs
-    and outputs, each tensor once), and passes them to ``on_op(flops, nbytes, half)``, where
-    ``half`` says whether it works in half precision (a bf16/fp16 tensor among its inputs and
-    outputs). Works on fake tensors: only shapes are read."""
-
-    def __init__(self, on_op: Any):
-        super().__init__()
-        from torch.utils.flop_counter import flop_registry
-        self.registry = flop_registry
-        self.on_op = on_op
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        flops = 0
-        count = self.registry.get(func._overloadpacket)
-        if count is not None:
-            try:
-                flops = int(count(*args, **kwargs, out_val=out))
-            except Exception:  # noqa: BLE001 - a formula that does not fit this overload
-                flops = 0
-        seen: set[int] = set()
-        nbytes = 0
-        half = False
-        for t in pytree.tree_leaves((args, kwargs, out)):
-            if isinstance(t, torch.Tensor):
-                half = half or t.dtype in (torch.float16, torch.bfloat16)
-                k = id(t)
-                if k not in seen:
-                    seen.add(k)
-                    nbytes += t.numel() * t.element_size()
-        self.on_op(flops, nbytes, half)
-        return out
-

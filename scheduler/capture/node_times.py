@@ -11,7 +11,7 @@ its node times come from one of:
   rebuilt where they are meta or fake tensors and copied where they are on another device
   (`rebuild.on_device`; a ``call_module`` node whose module's state is elsewhere runs through
   ``torch.func.functional_call``). An input the node writes in place
-  (`trace.mutated_inputs`) is cloned before each run. Everything is freed after the node, so
+  (`mutation.mutated_inputs`) is cloned before each run. Everything is freed after the node, so
   that only one node's inputs, outputs and gradients are alive at a time. Per node: the
   forward (median of ``repeats`` runs after a warm-up, the device synchronised around each
   timer), the forward under a selective-checkpoint policy's forward context
@@ -48,6 +48,7 @@ from torch.utils.checkpoint import (
 
 from ..measurement.storage import sync_device
 from .fake import FakeProfileError, FakeStep
+from .mutation import mutated_inputs
 from .program import Program
 from .rebuild import (
     check_runnable,
@@ -60,7 +61,6 @@ from .rebuild import (
 from .record import Rec, TensorMeta
 from .roofline import DeviceSpec, roofline_s
 from .scaled import scaled_times
-from .trace import mutated_inputs
 
 __all__ = ["grad_call_s", "isolated_times", "scaled_times", "split_backward"]
 

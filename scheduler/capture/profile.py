@@ -25,8 +25,9 @@ from .calls import call_inputs, check_differentiable
 from ..measurement.storage import free_bytes
 from .fake import (FakeStep, check_not_meta, fake_failure, needs_fake, parse_device,
                    rejected_inputs, specs_as_meta)
+from .fingerprint import traced_fingerprint
 from .program import Program
-from .record import Rec, Recorder, build_graph, device_of, profile_traced, traced_fingerprint
+from .record import Rec, Recorder, build_graph, device_of, profile_traced
 from .roofline import device_spec as device_spec_of
 from .roofline import roofline_s
 from .timing import checkpoint_costs

@@ -1,12 +1,12 @@
-"""Which nodes of a traced step may draw random numbers, and what a checkpoint's RNG stash costs.
+"""Which nodes of a traced step may draw random numbers, and the size of a checkpoint's RNG stash.
 
 A recompute region that draws random numbers (dropout) must replay with forward's RNG state:
 ``checkpoint(preserve_rng_state=True)`` stashes it at the region's forward (the CPU
 generator's state, 5,056 bytes, and the devices' states, held in host memory), and a save-set
 node's `checkpointing.run_saved` stashes it again after the node. A region that draws none
 needs neither, and on a CPU that state is memory of the step. `may_draw_random` decides from
-the traced node alone, so that the profile (`meta["rng"]`), the cost model's reserve
-(`rng_stash_bytes`) and the executor agree on which regions stash:
+the traced node alone, so that the profile (`meta["rng"]`, `cost.rng.RNG_META`), the cost
+model's reserve (`cost.rng.rng_stash_bytes`) and the executor agree on which regions stash:
 
 * an ATen op (the `torch.export` path): its ``nondeterministic_seeded`` tag;
 * a torch function or tensor method (the fx path): its name (``dropout``, ``bernoulli``,
@@ -30,13 +30,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from ..ir.graph import CostGraph
-from ..ir.schedule import RECOMPUTE, Region, Schedule
-
-__all__ = ["RNG_META", "may_draw_random", "random_nodes", "rng_stash_bytes", "rng_state_bytes"]
-
-#: ``graph.meta`` key: ``{"state_bytes": int, "nodes": [names that may draw]}``
-RNG_META = "rng"
+__all__ = ["may_draw_random", "rng_state_bytes"]
 
 #: name parts (split at ``_``) that make a torch function or method random
 _TOKENS = frozenset({"rand", "randn", "randint", "randperm", "normal", "uniform", "exponential",
@@ -114,26 +108,3 @@ def rng_state_bytes(device: torch.device | str) -> int:
     """Bytes of the device's memory one checkpoint's RNG stash takes: the CPU generator's
     state on a CPU; nothing on an accelerator (its states are copied to host memory)."""
     return int(torch.get_rng_state().numel()) if torch.device(device).type == "cpu" else 0
-
-
-def random_nodes(graph: CostGraph) -> frozenset[str]:
-    """The nodes the profile judged to may draw random numbers (none recorded: none)."""
-    return frozenset(graph.meta.get(RNG_META, {}).get("nodes", ()))
-
-
-def rng_stash_bytes(graph: CostGraph, schedule: Schedule) -> int:
-    """An upper bound of the bytes of RNG state ``schedule``'s checkpoints keep at once: one
-    state for each recompute region that holds a node that may draw random numbers, and one
-    for each of its save-set nodes, all counted as alive together; an inner (nested) region's
-    twice, since its parent's replay stashes again. 0 for a graph without ``meta["rng"]``."""
-    meta = graph.meta.get(RNG_META, {})
-    size, rand = int(meta.get("state_bytes", 0)), frozenset(meta.get("nodes", ()))
-    if not size or not rand:
-        return 0
-
-    def count(region: Region, times: int) -> int:
-        if region.policy != RECOMPUTE or not rand.intersection(region.nodes):
-            return 0
-        return times * (1 + len(region.save)) + sum(count(r, 2 * times) for r in region.inner)
-
-    return size * sum(count(r, 1) for r in schedule.regions)

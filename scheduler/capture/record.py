@@ -7,16 +7,10 @@ One *recorded* step runs the traced graph node by node (`program.Program`) with
   pre-hooks on the autograd nodes each forward node created);
 * ``torch.autograd.graph.saved_tensors_hooks`` whose pack hook records which storage each node
   saves for backward, mapped back to the node that produced it (or a parameter/input);
-* a `fake.OpCounter` that counts each op's FLOPs and bytes (for times without a real run).
+* a `op_counter.OpCounter` that counts each op's FLOPs and bytes (for times without a real run).
 
-Under autocast, the casts of parameters (leaf tensors that require grad) live in autocast's
-cache from their first use until the outermost ``torch.autocast`` exits, whatever holds them or
-lets go of them: a checkpoint that drops its region's activations does not drop them, and its
-replay finds them there and allocates nothing. The step is recorded from an empty cache (so
-that every cast is seen), and the storages that clearing the cache frees after it are taken
-out of the events into the base (``buffer_bytes``, ``meta["autocast_cache"]``): held through
-the step, as in a training loop's steady state under one ``autocast`` block, where the casts
-of the step before are still cached when a step begins.
+Under autocast, the casts of parameters that autocast's cache holds through the step are
+moved into the base (`autocast_cache`).
 
 The same `Recorder` runs on real tensors and on fake ones (`fake.FakeStep`): the storages,
 saved tensors and backward steps it records are the same. For a real profile
@@ -29,7 +23,6 @@ and RNG state are restored).
 
 from __future__ import annotations
 
-import contextlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -39,20 +32,31 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from ..ir.graph import (BwdStep, CostGraph, Node, Saved, Storage, WrittenRead,
-                        structure_fingerprint)
+from ..cost.rng import RNG_META
+from ..ir.graph import BwdStep, CostGraph, Node, Saved, Storage, WrittenRead
 from ..measurement.step import measure
 from ..measurement.storage import StorageTracker
-from .fake import OpCounter, rounded_bytes
+from .autocast_cache import (
+    cache_meta,
+    cast_source,
+    clear_cached,
+    mark_without_cached,
+    saved_from_base,
+    without_cached,
+)
+from .fake import rounded_bytes
+from .fingerprint import shape_str, target_str
+from .mutation import written_reads
+from .op_counter import OpCounter
 from .program import Program
-from .randomness import RNG_META, may_draw_random, rng_state_bytes
+from .randomness import may_draw_random, rng_state_bytes
 from .roofline import DeviceSpec, local_spec, work_s
 from .scratch import record_scratch
 from .timing import GradFnIndex, checkpoint_costs, time_steps
-from .trace import block_of, module_path, preserved_state, written_reads
+from .trace import block_of, module_path, preserved_state
 
 __all__ = ["Rec", "Recorder", "TensorMeta", "build_graph", "device_of", "profile_traced",
-           "record_traced", "traced_fingerprint"]
+           "record_traced"]
 
 
 def profile_traced(gm: fx.GraphModule, model: nn.Module, inputs: tuple[Any, ...], *,
@@ -103,7 +107,7 @@ class Rec:
     # node -> its output with every tensor leaf a `TensorMeta` (what `node_times` rebuilds)
     metas: dict[str, Any] = field(default_factory=dict)
     # (flops, bytes read and written, half precision) of each op of each node's forward and
-    # of each backward step (`fake.OpCounter`)
+    # of each backward step (`op_counter.OpCounter`)
     fwd_ops: dict[str, list[tuple[int, int, bool]]] = field(
         default_factory=lambda: defaultdict(list))
     step_ops: list[list[tuple[int, int, bool]]] = field(default_factory=list)
@@ -208,29 +212,13 @@ class Recorder:
                 sid = self.key2sid[k]
                 s = Saved(self.rec.storages[sid]["producer"], sid, nbytes)
                 self.rec.saved[self.cur][sid] = s
-                source = self._cast_source(t)
+                source = cast_source(t, lambda v: self.persistent.get(self.tracker.key(v)))
                 if source is not None:
                     self.rec.cast_of.setdefault(sid, source)
             else:
                 src = self.persistent.get(k, "const")
                 self.rec.saved[self.cur][src] = Saved(src, None, nbytes)
         return t
-
-    def _cast_source(self, t: torch.Tensor) -> str | None:
-        """The name of the parameter (buffer, input) ``t`` is a cast or a view of a cast of,
-        found through its autograd history; None if it is not one."""
-        fn = t.grad_fn
-        for _ in range(4):
-            if fn is None:
-                return None
-            var = getattr(fn, "variable", None)  # (an AccumulateGrad)
-            if var is not None:
-                return self.persistent.get(self.tracker.key(var))
-            nxt = [f for f, _ in fn.next_functions if f is not None]
-            if len(nxt) != 1:
-                return None
-            fn = nxt[0]
-        return None
 
     # -- the step ------------------------------------------------------------------------
     def run(self) -> Rec:
@@ -267,11 +255,7 @@ class Recorder:
         # the step is over: storages that die later (gradients reset by `preserved_state`)
         # are not part of it, except those that die as autocast's cache is cleared: the
         # forward's storages (``key2sid``: those still alive) that only the cache held
-        died: list[int] = []
-        tr.on_alloc, tr.on_free = None, lambda key, _nbytes: died.append(key)
-        torch.clear_autocast_cache()
-        rec.autocast_cached = {self.key2sid[k] for k in died if k in self.key2sid}
-        tr.on_alloc = tr.on_free = None
+        rec.autocast_cached = clear_cached(tr, self.key2sid)
         rec.peak_bytes = tr.peak_bytes
         self.fns.clear()
         return rec
@@ -288,7 +272,7 @@ class Recorder:
                 self.rec.storages[sid]["output"] = True
             else:
                 self.rec.views[sid].add(node.name)
-        self.rec.shapes[node.name] = _shape_str(out)
+        self.rec.shapes[node.name] = shape_str(out)
         self.rec.metas[node.name] = _metas(out)
         self.fns.claim(node.name, leaves)
         self.cur = None
@@ -344,27 +328,27 @@ def build_graph(prog: Program, rec: Rec, fwd_t: dict[str, float], bwd_t: list[fl
     compute = set(order)
     device = device_of(None, inputs)
     spec = local_spec(device)  # (weighs each node's ops for flop_share)
-    fwd_events = {k: [e for e in v if e[1] not in cached] for k, v in rec.fwd_events.items()}
+    fwd_events = {k: without_cached(v, cached) for k, v in rec.fwd_events.items()}
     nodes = []
     for n in prog.nodes:
         path = module_path(n)
         out_bytes = sum(rec.storages[e[1]]["bytes"] for e in rec.fwd_events.get(n.name, [])
                         if e[0] == "a" and rec.storages[e[1]]["output"])
-        mark = rec.pack_mark.get(n.name)
-        if mark is not None:  # (less the cached casts' events before it)
-            mark -= sum(1 for e in rec.fwd_events[n.name][:mark] if e[1] in cached)
+        mark = mark_without_cached(rec.fwd_events.get(n.name, []), rec.pack_mark.get(n.name),
+                                   cached)
         nodes.append(Node(
-            name=n.name, op=n.op, target=_target_str(n),
+            name=n.name, op=n.op, target=target_str(n),
             inputs=tuple(dict.fromkeys(a.name for a in n.all_input_nodes if a.name in compute)),
             module_path=path, block=block_of(path), is_loss=n.name in info.loss_nodes,
             time_s=fwd_t.get(n.name, 0.0), bwd_time_s=bwd_by_node.get(n.name, 0.0),
-            out_bytes=out_bytes, saved=_saved(rec, n.name),
+            out_bytes=out_bytes,
+            saved=saved_from_base(rec.saved.get(n.name, {}).values(), cached, rec.cast_of),
             shape=rec.shapes.get(n.name, ""), pack_mark=mark,
             sac_s=sac_t.get(n.name), flop_share=flop_share(spec, rec.fwd_ops.get(n.name, ())),
         ))
     bwd_t = list(bwd_t) + [0.0] * (len(rec.steps) - len(bwd_t))
     steps = [BwdStep(s["node"], t, tuple(s["events"])) for s, t in zip(rec.steps, bwd_t)]
-    cast_bytes = sum(rec.storages[sid]["bytes"] for sid in cached)
+    cast_bytes, cast_meta = cache_meta(rec.storages, cached)
     return CostGraph(
         name=name, nodes=nodes, storages=storages, fwd_events=fwd_events,
         bwd_steps=steps, param_bytes=rec.param_bytes, buffer_bytes=rec.buffer_bytes + cast_bytes,
@@ -374,7 +358,7 @@ def build_graph(prog: Program, rec: Rec, fwd_t: dict[str, float], bwd_t: list[fl
         written_reads=tuple(WrittenRead(*w) for w in written_reads(prog.gm, prog.nodes)),
         meta={"tracer": info.tracer, "torch": torch.__version__,
               "device": m.device if m is not None else "",
-              "inputs": _shape_str(inputs), "recorded_peak_bytes": rec.peak_bytes,
+              "inputs": shape_str(inputs), "recorded_peak_bytes": rec.peak_bytes,
               "fallback_reason": info.fallback_reason,
               # what a checkpoint's RNG stash costs, and where it is needed
               RNG_META: {"state_bytes": rng_state_bytes(device),
@@ -385,25 +369,12 @@ def build_graph(prog: Program, rec: Rec, fwd_t: dict[str, float], bwd_t: list[fl
               # run there: `solvers.base.finish`)
               **({"autocast": [[d, str(t).removeprefix("torch.")] for d, t in info.autocast]}
                  if info.autocast else {}),
-              **({"autocast_cache": {"bytes": cast_bytes, "storages": len(cached)}}
-                 if cached else {})},
+              **cast_meta},
     )
 
 
-def _saved(rec: Rec, node: str) -> tuple[Saved, ...]:
-    """What ``node`` saved for backward; a cast autocast's cache holds is saved from the base,
-    named after the parameter it is a cast of."""
-    out = []
-    for key, s in rec.saved.get(node, {}).items():
-        if s.storage in rec.autocast_cached:
-            source = rec.cast_of.get(s.storage) or "param:?"
-            s = Saved(f"{source} (autocast cast)", None, s.bytes)
-        out.append(s)
-    return tuple(out)
-
-
 def flop_share(spec: DeviceSpec, ops: Any) -> float:
-    """The share of ``ops``' roofline time on ``spec`` (`fake.OpCounter` rows: flops, bytes,
+    """The share of ``ops``' roofline time on ``spec`` (`op_counter.OpCounter` rows: flops, bytes,
     half) in the ops that have FLOPs (matmuls, convolutions, attention); 0 for no work."""
     total = work_s(spec, list(ops))
     if total <= 0:
@@ -419,47 +390,3 @@ def device_of(model: nn.Module | None, inputs: tuple[Any, ...]) -> torch.device:
         if isinstance(t, torch.Tensor):
             return t.device
     return torch.device("cpu")
-
-
-def _target_str(n: fx.Node) -> str:
-    t = n.target
-    if isinstance(t, str):
-        return t
-    if isinstance(t, torch._ops.OpOverload):
-        return str(t)
-    return getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or str(t)
-
-
-def _shape_str(value: Any) -> str:
-    parts = []
-    for t in pytree.tree_leaves(value):
-        if isinstance(t, torch.Tensor):
-            dt = str(t.dtype).removeprefix("torch.")
-            parts.append(f"{dt}[{','.join(str(d) for d in t.shape)}]")
-        else:
-            parts.append(type(t).__name__)
-    return " ".join(parts)
-
-
-def traced_fingerprint(gm: fx.GraphModule, model: nn.Module, inputs: tuple[Any, ...], *,
-                       fake: Any = None) -> str:
-    """The `CostGraph.fingerprint` that profiling ``gm`` would give, from one no-grad forward
-    (no profiling): used to check that a saved schedule fits a model. With a `fake.FakeStep`
-    (and ``inputs`` its fakes) the forward runs on fake tensors."""
-    prog = Program(gm)
-    shapes: dict[str, str] = {}
-
-    def around(i: int, node: fx.Node, thunk: Callable[[], Any]) -> Any:
-        out = thunk()
-        shapes[node.name] = _shape_str(out)
-        return out
-
-    active = fake.active(model, gm) if fake is not None else contextlib.nullcontext()
-    with preserved_state(model), torch.no_grad(), active:
-        prog.run(inputs, around=around)
-    compute = {n.name for n in prog.nodes}
-    return structure_fingerprint(
-        (n.name, n.op, _target_str(n),
-         tuple(dict.fromkeys(a.name for a in n.all_input_nodes if a.name in compute)),
-         shapes[n.name], n.name in prog.info.loss_nodes)
-        for n in prog.nodes)

@@ -1,7 +1,7 @@
 """Node times from a device's specification, without running anything (``times="roofline"``).
 
 Each op takes ``max(flops / peak FLOP/s, bytes / bandwidth) + per_op_s``: its floating-point
-work (`fake.OpCounter`, ``torch.utils.flop_counter``'s formulas for matmuls, convolutions and
+work (`op_counter.OpCounter`, ``torch.utils.flop_counter``'s formulas for matmuls, convolutions and
 attention) at the device's peak rate for the op's dtype, or the bytes it reads and writes at
 the device's memory bandwidth, whichever is longer, plus a fixed cost per op (a kernel
 launch, the dispatcher). A node's time is the sum over its ops. This is an estimate: it ranks

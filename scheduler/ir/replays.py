@@ -27,10 +27,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .nodes import WrittenRead
-from .schedule import KEEP, RECOMPUTE, Region, Schedule, ScheduleError
+from .region import KEEP, RECOMPUTE, Region, ScheduleError
 
 if TYPE_CHECKING:
     from .graph import CostGraph
+    from .schedule import Schedule
 
 __all__ = ["allowed", "check", "legalize", "recompute_limits", "refusal"]
 

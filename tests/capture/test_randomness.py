@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 import scheduler
 from scheduler.capture import randomness
-from scheduler.capture.randomness import may_draw_random, rng_stash_bytes
+from scheduler.capture.randomness import may_draw_random
+from scheduler.cost.rng import rng_stash_bytes
 from scheduler.checkpointing import CheckpointRegion
 from scheduler.rewrite import planned
 

@@ -1,0 +1,54 @@
+"""Solving with room for the RNG state a plan's checkpoints stash.
+
+The stash (`cost.rng.rng_stash_bytes`) is memory of the step that the simulated peak leaves
+out, and how much of it there is depends on the schedule: which recompute regions hold a node
+that may draw random numbers. `solve_with_rng_stash` therefore solves, prices the stash of
+what it got, and solves again with that much held back from the budget until the peak and
+the stash together fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+from ..cost.rng import rng_stash_bytes
+from ..ir.graph import CostGraph
+from ..units import format_bytes
+from .base import INFEASIBLE, SolveResult
+from .certify import solve_and_certify
+
+__all__ = ["STASH_TRIES", "solve_with_rng_stash"]
+
+#: solves `solve_with_rng_stash` tries before it accepts a plan without room for the stash
+STASH_TRIES = 4
+
+
+def solve_with_rng_stash(costs: CostGraph, target: int, solver: str,
+                         time_limit_s: float | None) -> SolveResult:
+    """`solve_and_certify` at ``target``, then again with room held back for the RNG state
+    the plan's checkpoints stash (`cost.rng.rng_stash_bytes`: an upper bound, outside the
+    simulated peak) until the two together fit ``target``. The schedule's
+    ``meta["rng_stash_bytes"]`` records the stash, ``meta["rng_reserve_bytes"]`` the room held
+    back (its status and gap are then over the budget less that room). Warns (a
+    RuntimeWarning attributed two frames up: to the code that called `plan.solve_graph`)
+    when `STASH_TRIES` solves leave the two over ``target``."""
+    reserve = 0
+    for _ in range(STASH_TRIES):
+        result = solve_and_certify(costs, target - reserve, solver, time_limit_s=time_limit_s)
+        if result.status == INFEASIBLE or result.schedule is None or result.estimate is None:
+            return result
+        stash = rng_stash_bytes(costs, result.schedule)
+        over = result.estimate.peak_bytes + stash - target
+        meta = {**result.schedule.meta, "rng_stash_bytes": stash, "rng_reserve_bytes": reserve}
+        result = dataclasses.replace(result, schedule=dataclasses.replace(result.schedule,
+                                                                          meta=meta))
+        if over <= 0 or not stash:
+            return result
+        reserve += over
+    warnings.warn(
+        f"the plan's predicted peak {format_bytes(result.estimate.peak_bytes)} plus the RNG state "
+        f"its checkpoints keep ({format_bytes(stash)}) exceeds the budget "
+        f"{format_bytes(target)} after {STASH_TRIES} solves; give a budget "
+        f"{format_bytes(over)} higher", RuntimeWarning, stacklevel=3)
+    return result
