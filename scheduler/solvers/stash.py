@@ -30,25 +30,35 @@ def solve_with_rng_stash(costs: CostGraph, target: int, solver: str,
     the plan's checkpoints stash (`cost.rng.rng_stash_bytes`: an upper bound, outside the
     simulated peak) until the two together fit ``target``. The schedule's
     ``meta["rng_stash_bytes"]`` records the stash, ``meta["rng_reserve_bytes"]`` the room held
-    back (its status and gap are then over the budget less that room). Warns (a
-    RuntimeWarning attributed two frames up: to the code that called `plan.solve_graph`)
-    when `STASH_TRIES` solves leave the two over ``target``."""
-    reserve = 0
+    back (its status and gap are then over the budget less that room); its budget is
+    ``target``. When no schedule leaves that room (within `STASH_TRIES` solves), the plan that
+    fits without it is returned, with a RuntimeWarning (attributed two frames up: to the code
+    that called `plan.solve_graph`) naming how far over the two go."""
+    reserve, fits = 0, None
     for _ in range(STASH_TRIES):
         result = solve_and_certify(costs, target - reserve, solver, time_limit_s=time_limit_s)
         if result.status == INFEASIBLE or result.schedule is None or result.estimate is None:
-            return result
+            if fits is None:
+                return result
+            result = fits  # (room for the stash cannot be had: the plan that fits without it)
+            break
         stash = rng_stash_bytes(costs, result.schedule)
         over = result.estimate.peak_bytes + stash - target
+        # (stamped with the caller's budget, which the peak and the stash together are held
+        # to, not the smaller one solved at)
         meta = {**result.schedule.meta, "rng_stash_bytes": stash, "rng_reserve_bytes": reserve}
-        result = dataclasses.replace(result, schedule=dataclasses.replace(result.schedule,
-                                                                          meta=meta))
+        result = dataclasses.replace(result, budget_bytes=target, schedule=dataclasses.replace(
+            result.schedule, meta=meta, budget_bytes=target))
         if over <= 0 or not stash:
             return result
+        fits = fits or result
         reserve += over
+    stash = result.schedule.meta["rng_stash_bytes"]
+    over = result.estimate.peak_bytes + stash - target
     warnings.warn(
         f"the plan's predicted peak {format_bytes(result.estimate.peak_bytes)} plus the RNG state "
         f"its checkpoints keep ({format_bytes(stash)}) exceeds the budget "
-        f"{format_bytes(target)} after {STASH_TRIES} solves; give a budget "
-        f"{format_bytes(over)} higher", RuntimeWarning, stacklevel=3)
+        f"{format_bytes(target)} by {format_bytes(over)}: no schedule with room for both was "
+        f"found; give a budget {format_bytes(over)} higher to be sure it holds by the "
+        f"allocator's count", RuntimeWarning, stacklevel=3)
     return result

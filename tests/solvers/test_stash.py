@@ -1,0 +1,58 @@
+"""Solving with room for the RNG state the plan's checkpoints keep (`solvers.stash`): the
+simulated peak and the stash (`cost.rng.rng_stash_bytes`, counted independently here) fit the
+budget together, the schedule carries the caller's budget, and where no schedule leaves the
+room the plan that fits without it comes back with a warning naming the excess."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+import scheduler
+from scheduler.ir.schedule import RECOMPUTE
+
+from conftest import unscheduled_peak
+
+STATE = 5056
+
+
+def _random(graph, every: int = 3):
+    names = graph.compute_nodes
+    graph.meta["rng"] = {"state_bytes": STATE, "nodes": list(names[::every])}
+    return set(names[::every])
+
+
+def _stash(schedule, rand) -> int:
+    """By hand: a state per random recompute region and per save-set node of one."""
+    return STATE * sum(1 + len(r.save) for r in schedule.regions
+                       if r.policy == RECOMPUTE and rand & set(r.nodes))
+
+
+@pytest.mark.parametrize("fraction", (0.9, 0.7))
+def test_peak_and_stash_fit_the_budget_together(recorded_graph, fraction) -> None:
+    graph = recorded_graph("gpt")
+    rand = _random(graph)
+    budget = int(fraction * unscheduled_peak(graph))
+    result = scheduler.solve_graph(graph, budget, solver="dp", time_limit_s=20)
+    s = result.schedule
+    assert s.recompute_regions
+    stash = _stash(s, rand)
+    assert stash == s.meta["rng_stash_bytes"] > 0
+    assert result.estimate.peak_bytes + stash <= budget
+    assert s.budget_bytes == result.budget_bytes == budget
+
+
+def test_no_room_for_the_stash_returns_the_plan_that_fits_without_it(recorded_graph) -> None:
+    graph = recorded_graph("gpt")
+    _random(graph, every=1)
+    with pytest.raises(scheduler.InfeasibleBudgetError) as nothing:
+        scheduler.solve_graph(graph, 1, solver="greedy")
+    least = nothing.value.min_feasible_bytes  # (greedy's own least peak: no room to spare)
+    with pytest.warns(RuntimeWarning, match="plus the RNG state its checkpoints keep"):
+        result = scheduler.solve_graph(graph, least, solver="greedy")
+    stash = result.schedule.meta["rng_stash_bytes"]
+    assert result.estimate.peak_bytes <= least < result.estimate.peak_bytes + stash
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        scheduler.solve_graph(graph, 1.0, solver="greedy")  # (nothing recomputed: no stash)
