@@ -24,6 +24,7 @@ from torch.utils import _pytree as pytree
 from .capture.mutation import written_reads
 from .capture.program import Program
 from .executor import PlannedRegion, generate
+from .ir.replays import labelled_recomputed
 from .ir.schedule import Region, Schedule, ScheduleError
 
 __all__ = ["CheckpointedStep"]
@@ -133,17 +134,6 @@ def _inner(prog: Program, r: Region, out_names: set[str]) -> PlannedRegion:
                          [_inner(prog, x, out_names) for x in r.inner])
 
 
-def _recomputed(regions: list[PlannedRegion], label: str = "region "
-                ) -> list[tuple[str, PlannedRegion]]:
-    """Every recompute region, nested ones too, with a label (``region 2``, ``region 2.1``)."""
-    out = []
-    for ri, r in enumerate(regions):
-        if r.recompute:
-            out.append((f"{label}{ri}", r))
-            out.extend(_recomputed(r.inner, f"{label}{ri}."))
-    return out
-
-
 def _check_mutations(prog: Program, regions: list[PlannedRegion]) -> None:
     """Refuse a recompute region whose backward replay would see other data than its forward.
 
@@ -157,7 +147,7 @@ def _check_mutations(prog: Program, regions: list[PlannedRegion]) -> None:
     its regions clear of this (`ir.replays`): one rule on both sides.
     """
     reads = written_reads(prog.gm, prog.nodes)
-    for label, r in _recomputed(regions) if reads else ():
+    for label, r in labelled_recomputed(regions) if reads else ():
         start = prog.pos[r.nodes[0]]
         inside = {n.name for n in r.nodes}
         for reader, value, writer in reads:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .nodes import WrittenRead
 from .region import KEEP, RECOMPUTE, Region, ScheduleError
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .graph import CostGraph
     from .schedule import Schedule
 
-__all__ = ["allowed", "check", "legalize", "recompute_limits", "refusal"]
+__all__ = ["allowed", "check", "labelled_recomputed", "legalize", "recompute_limits", "refusal"]
 
 
 def recompute_limits(graph: CostGraph) -> tuple[int, ...]:
@@ -94,20 +94,21 @@ def refusal(graph: CostGraph, nodes: Sequence[str]) -> WrittenRead | None:
     return None
 
 
-def _recomputed(regions: Sequence[Region], label: str = "region "
-                ) -> list[tuple[str, Region]]:
+def labelled_recomputed(regions: Sequence[Any], label: str = "region ") -> list[tuple[str, Any]]:
+    """Every recompute region, nested ones too, with a label (``region 2``, ``region 2.1``):
+    of `Region`s or of anything with ``recompute`` and ``inner`` (the executor's regions)."""
     out = []
     for i, r in enumerate(regions):
         if r.recompute:
             out.append((f"{label}{i}", r))
-            out.extend(_recomputed(r.inner, f"{label}{i}."))
+            out.extend(labelled_recomputed(r.inner, f"{label}{i}."))
     return out
 
 
 def check(graph: CostGraph, schedule: Schedule) -> None:
     """Raise `ScheduleError` if the rewriter would refuse one of ``schedule``'s recompute
     regions (nested ones included), naming the region, the value and the write."""
-    for label, r in _recomputed(schedule.regions) if graph.written_reads else ():
+    for label, r in labelled_recomputed(schedule.regions) if graph.written_reads else ():
         w = refusal(graph, r.nodes)
         if w is not None:
             raise ScheduleError(
