@@ -31,7 +31,7 @@ from dataclasses import replace
 
 from ..ir.graph import CostGraph
 from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, get_solver, register
-from .blockdp import blocks_of
+from .blockdp import blocks_of, table_built
 from .certify import certify
 from .config import SolverConfig
 from .deadline import expired, within
@@ -102,10 +102,11 @@ def _auto(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
         if offer.bytes <= budget_bytes:
             early.append(finish(graph, budget_bytes, offer.schedule, solver="floor",
                                 started=started))
-    # exact over the chain of blocks where blocks repeat (seconds on thousands of nodes);
+    # exact over the chain of blocks where blocks repeat (seconds on thousands of nodes; past
+    # the deadline only where its table is built already: then about a second at most);
     # the list keeps dp and blocks first, so that they win a tie with a baseline
     blocked = [get_solver("blocks")(graph, budget_bytes, config=config)] \
-        if repeats and not expired() else []
+        if repeats and (not expired() or table_built(graph, config=config)) else []
     if repeats and not blocked:
         skipped.append("blocks")
     relaxed = None
@@ -125,8 +126,9 @@ def _auto(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
             time_limit_s=None if time_limit_s is None else max(config.min_solve_s, left())))
     reserve = 0.0 if time_limit_s is None else config.fine_share * time_limit_s
     fitting = [r for r in results + early + baselines if r.status != INFEASIBLE]
-    if time_limit_s is None or left() >= config.min_solve_s or not fitting and not expired():
-        # (with nothing that fits yet, it runs however little time is left: min_solve_s)
+    if time_limit_s is None or left() >= config.min_solve_s or not fitting:
+        # (with nothing that fits yet, it runs with however little time is left: at least
+        # its cheap warm starts, which may fit where the others did not)
         results.append(get_solver("cpsat")(
             graph, budget_bytes, time_limit_s=None if time_limit_s is None
             else max(config.min_solve_s, left() - reserve),  # (it leaves cpsat_fine its share)

@@ -58,7 +58,7 @@ from .dp import simulation_s
 from .pinning import Pinned, pinned_of
 
 __all__ = ["FINE_NODES", "MAX_SPAN", "block_dp", "blocks_of", "floor_bytes", "nested_block_dp",
-           "route_of", "search", "space_of", "table_of"]
+           "route_of", "search", "space_of", "table_built", "table_of"]
 
 #: the longest recompute region of the space, in stages
 MAX_SPAN = 16
@@ -111,6 +111,15 @@ def table_of(graph: CostGraph, *, max_span: int = MAX_SPAN,
                                 save_top=save_top, nested=nested, mixed=fine,
                                 max_simulations=max_simulations)
     return cache[key]
+
+
+def table_built(graph: CostGraph, *, config: SolverConfig | None = None) -> bool:
+    """Whether `block_dp`'s table for ``graph`` (default span and stages) is built already,
+    so that a solve with it takes a search, not thousands of simulations."""
+    work, _ = _work_of(graph)
+    fine = len(graph.compute_nodes) <= FINE_NODES
+    key = (MAX_SPAN, (config or SolverConfig()).save_top, False, fine)
+    return key in graph_cache(work, "block tables")
 
 
 def space_of(graph: CostGraph, table: BlockTable, save_top: int, nested: bool = False,

@@ -51,10 +51,13 @@ INNER_SPANS = (1, 2, 3, 4, 6, 8)
 Option = tuple[str, frozenset[str], tuple[tuple[int, int, str], ...]]
 
 
-def build_schedule(graph: CostGraph, items: list[tuple], **info: object) -> Schedule:
+def build_schedule(graph: CostGraph, items: list[tuple], *, check: bool = True,
+                   names: list[str] | None = None, **info: object) -> Schedule:
     """A schedule from ``(start, stop, policy[, save[, inner]])`` items over
-    ``graph.compute_nodes``, ``inner`` as ``(start, stop, policy)`` spans; validated."""
-    names = graph.compute_nodes
+    ``graph.compute_nodes`` (``names``, where the caller has them), ``inner`` as ``(start,
+    stop, policy)`` spans; validated unless ``check`` is False (the table's own schedules,
+    which `region_costs` validates)."""
+    names = graph.compute_nodes if names is None else names
     regions = []
     for start, stop, p, *rest in items:
         save = rest[0] if rest else ()
@@ -62,7 +65,8 @@ def build_schedule(graph: CostGraph, items: list[tuple], **info: object) -> Sche
                       (rest[1] if len(rest) > 1 else ()))
         regions.append(Region(p, tuple(names[start:stop]), frozenset(save), inner=inner))
     schedule = Schedule(regions, fingerprint=graph.fingerprint, **info)  # type: ignore[arg-type]
-    schedule.validate(graph)
+    if check:
+        schedule.validate(graph)
     return schedule
 
 
@@ -125,6 +129,7 @@ class BlockTable:
         """``max_simulations``: raise `TooLarge` before simulating anything when the table
         would take more (counted from the stages, not timed)."""
         names = graph.compute_nodes
+        self._names = names
         self.stages = blocks.stages
         self.points = blocks.points
         self.max_span = max_span
@@ -217,7 +222,10 @@ class BlockTable:
     def _run(self, graph: CostGraph, spans: list[tuple]) -> list:
         check("the block table")  # (thousands of simulations: a solve's shared deadline)
         self.simulations += 1
-        return region_costs(graph, build_schedule(graph, spans), timeline=False)[1]
+        # (validated once, by region_costs: a simulation is a few ms, and checking the
+        # graph's fingerprint and node list twice was a fifth of it)
+        return region_costs(graph, build_schedule(graph, spans, check=False,
+                                                  names=self._names), timeline=False)[1]
 
     def _measure(self, graph: CostGraph, a: int, m: int, o: int, q: str | None
                  ) -> tuple[int, int, int, bool, float]:
