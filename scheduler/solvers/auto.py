@@ -94,10 +94,11 @@ def _auto(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
         else:
             baselines.append(get_solver(name)(graph, budget_bytes, time_limit_s=time_limit_s))
     early: list[SolveResult] = []
-    if not any(r.status != INFEASIBLE for r in baselines):
+    if time_limit_s is not None and not any(r.status != INFEASIBLE for r in baselines):
         # near the floor: the floor's deterministic offers, from the start of the limit as
         # when a floor is named, so that asking for the budget an error named finds that
-        # schedule again (`floor.offered`); cached per graph, limit and config
+        # schedule again (`floor.offered`); cached per graph, limit and config (without a
+        # limit nothing stops early: the floor, if needed, finds them at the end as well)
         offer = offered(graph, time_limit_s=time_limit_s, config=config)
         if offer.bytes <= budget_bytes:
             early.append(finish(graph, budget_bytes, offer.schedule, solver="floor",
