@@ -134,7 +134,9 @@ def _auto(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
             graph, budget_bytes, time_limit_s=None if time_limit_s is None
             else max(config.min_solve_s, left() - reserve),  # (it leaves cpsat_fine its share)
             config=config))
-    fitting = [r for r in results + early + baselines if r.status != INFEASIBLE]
+    # (flat ones: cpsat_fine's space is flat, and the floor's offer may nest regions)
+    fitting = [r for r in results + early + baselines if r.status != INFEASIBLE
+               and r.schedule is not None and not r.schedule.nested]
     if time_limit_s is not None and fitting and left() >= config.min_solve_s:
         # the finer space, for a share of the limit, from the best so far: seldom proven,
         # often faster schedules
