@@ -154,12 +154,13 @@ class Floor:
         need = self.named_bytes if need is None else need
         found = self.bytes if found is None else found
         if self.reproducible_bytes is None:
-            return (f"a schedule that fits it was found (the error's floor.schedule), but the "
-                    f"time limit ({self.time_limit_s} s) cut the deterministic search short, "
-                    "so a new solve may not find it again: give a longer time limit for a "
-                    "floor that reproduces")
-        text = ("found by deterministic searches: asking for it solves, in a new process "
-                "too, with the same time limit and solver config")
+            return (f"the smallest feasible budget over every schedule found (the error's "
+                    f"floor.schedule); but the time limit ({self.time_limit_s} s) cut the "
+                    "deterministic search short, so a new solve may not find it again: give a "
+                    "longer time limit for a floor that reproduces")
+        text = ("the smallest feasible budget over every schedule found by deterministic "
+                "searches: asking for it solves, in a new process too, with the same time "
+                "limit and solver config")
         if self.bytes < self.reproducible_bytes:
             text += (f"; a time-limited search also found a schedule that fits "
                      f"{format_bytes(found)} ({found} bytes) (the error's floor.schedule, "
