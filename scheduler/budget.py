@@ -38,9 +38,11 @@ class InfeasibleBudgetError(ValueError):
     Attributes:
         budget_bytes: the budget asked for, in bytes.
         min_feasible_bytes: the smallest budget known to be feasible (in the caller's terms,
-            before headroom): with ``auto``, the floor's (`solvers.floor.Floor.bytes`), which
-            solves when asked for; with another exact solver, the least peak over its space;
-            with a baseline, the least predicted peak of any baseline.
+            before headroom): with ``auto``, the floor's (`solvers.floor.Floor.named_bytes`),
+            which solves when asked for, in a new process too where the message says so
+            (found by the floor's deterministic offers); with another exact solver, the
+            least peak over its space; with a baseline, the least predicted peak of any
+            baseline.
         floor: with ``auto``, the `Floor` (its schedule, proven lower bound, status, space);
             else None.
         lower_bound_bytes: with ``auto``, the floor's proven lower bound (before headroom):
@@ -222,11 +224,12 @@ def _floor_error(floor: Any, solver: str, budget_bytes: int, headroom: float,
                  budget: Any) -> InfeasibleBudgetError:
     """The error naming a `Floor`: proven (OPTIMAL), or a schedule that fits above a proven
     bound with the gap between them unknown."""
-    need = _before_headroom(floor.bytes, headroom)
+    need = _before_headroom(floor.named_bytes, headroom)
     low = _before_headroom(floor.lower_bound_bytes, headroom)
+    found = _before_headroom(floor.bytes, headroom)
     message = (f"budget {format_bytes(budget_bytes)} ({budget_bytes} bytes) is infeasible for "
-               f"solver {solver!r}: {floor.describe(need, low)}; use budget={need} or more (the "
-               "smallest feasible budget over every schedule found)")
+               f"solver {solver!r}: {floor.describe(need, low)}; use budget={need} or more "
+               f"({floor.promise(need, found)})")
     return InfeasibleBudgetError(_in_terms(message, headroom, budget, budget_bytes),
                                  budget_bytes=budget_bytes, min_feasible_bytes=need,
                                  floor=floor, lower_bound_bytes=low, status=floor.status)

@@ -1,6 +1,11 @@
 """``auto`` (the default): the exact methods, checked against every baseline.
 
-It runs every baseline, then ``relax`` (schedules read off the full-space relaxation, with its
+The whole call keeps to one deadline, ``time_limit_s`` from its start (`deadline`): no step
+starts past it and the ones under way stop there, so the answer is the best found by then.
+A budget below `floor.universal_bound` fits no schedule at all: the floor gets the whole
+limit and the answer is INFEASIBLE. Otherwise it runs every baseline; where none fits, the
+floor's deterministic offers (`floor.offered`, cached per graph) next, from the start of the
+limit, so that a budget an error named finds its schedule again; then ``relax`` (schedules read off the full-space relaxation, with its
 proven bound, for `SolverConfig.relax_share` of the time limit), and returns at once when that
 is OPTIMAL (nothing in the full space does better). Otherwise it goes on with ``blocks``
 (exact over the chain of repeated blocks, where blocks repeat), ``dp`` (exact over chain
@@ -26,10 +31,12 @@ from dataclasses import replace
 
 from ..ir.graph import CostGraph
 from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, get_solver, register
-from .blockdp import blocks_of
+from .blockdp import blocks_of, table_built
 from .certify import certify
 from .config import SolverConfig
-from .floor import floor
+from .deadline import expired, within
+from .deadline import left as time_left
+from .floor import Floor, floor, offered, universal_bound
 from .heuristics import BASELINES
 
 __all__ = ["BASELINES", "auto"]
@@ -46,35 +53,65 @@ SLOW_BASELINES = ("knapsack",)
 def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None,
          config: SolverConfig | None = None) -> SolveResult:
     """The best fitting schedule of the exact methods and the baselines, certified (see the
-    module docstring)."""
+    module docstring). Every step keeps to one deadline, ``time_limit_s`` from the call
+    (`deadline`): a step that would start past it is skipped, one under way stops there."""
     config = config or SolverConfig()
+    with within(time_limit_s):
+        return _auto(graph, budget_bytes, time_limit_s, config)
+
+
+def _auto(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
+          config: SolverConfig) -> SolveResult:
     started = time.perf_counter()
 
-    def left() -> float:  # what the others leave of the limit
-        assert time_limit_s is not None
-        return time_limit_s - (time.perf_counter() - started)
+    def left() -> float:  # what the others leave of the limit (the shared deadline's)
+        rest = time_left()
+        assert rest is not None
+        return rest
 
-    def short() -> bool:  # a deep graph, and too little of the limit left for another step
-        return time_limit_s is not None and len(graph.compute_nodes) >= DEEP_NODES and \
-            left() < config.min_solve_s
+    def short() -> bool:  # too little of the limit left for another step (a deep graph)
+        return time_limit_s is not None and (expired() or len(graph.compute_nodes) >=
+                                             DEEP_NODES and left() < config.min_solve_s)
 
-    # exact over the chain of blocks where blocks repeat (seconds on thousands of nodes);
-    # then the baselines (the list keeps dp and blocks first, so that they win a tie with a
-    # baseline); on graphs of thousands of nodes a step that would start past the limit is
-    # skipped (`DEEP_NODES`), and the answer's ``meta["auto_skipped"]`` names it
-    # (``every_block`` always runs)
-    blocked = [get_solver("blocks")(graph, budget_bytes, config=config)] \
-        if blocks_of(graph).repeats else []
+    def infeasible(least: Floor) -> SolveResult:  # nothing fits: the floor says how far
+        return replace(finish(graph, budget_bytes, None, solver="auto", started=started,
+                              status=INFEASIBLE),
+                       min_feasible_bytes=least.named_bytes, floor=least)
+
+    if budget_bytes < universal_bound(graph):
+        # proven: no schedule at all fits (`floor.universal_bound`); the floor gets the limit
+        return infeasible(floor(graph, time_limit_s=time_limit_s, config=config))
+    # the baselines first (a fraction of a second; on graphs of thousands of nodes a step
+    # that would start past the limit is skipped, `DEEP_NODES`, and the answer's
+    # ``meta["auto_skipped"]`` names it; ``every_block`` always runs)
+    repeats = blocks_of(graph).repeats
     skipped: list[str] = []
     baselines = []
     deep = time_limit_s is not None and len(graph.compute_nodes) >= DEEP_NODES
     for name in BASELINES:
-        if baselines and short() or deep and blocked and name in SLOW_BASELINES:
+        if baselines and short() or deep and repeats and name in SLOW_BASELINES:
             skipped.append(name)
         else:
             baselines.append(get_solver(name)(graph, budget_bytes, time_limit_s=time_limit_s))
+    early: list[SolveResult] = []
+    if time_limit_s is not None and not any(r.status != INFEASIBLE for r in baselines):
+        # near the floor: the floor's deterministic offers, from the start of the limit as
+        # when a floor is named, so that asking for the budget an error named finds that
+        # schedule again (`floor.offered`); cached per graph, limit and config (without a
+        # limit nothing stops early: the floor, if needed, finds them at the end as well)
+        offer = offered(graph, time_limit_s=time_limit_s, config=config)
+        if offer.bytes <= budget_bytes:
+            early.append(finish(graph, budget_bytes, offer.schedule, solver="floor",
+                                started=started))
+    # exact over the chain of blocks where blocks repeat (seconds on thousands of nodes; past
+    # the deadline only where its table is built already: then about a second at most);
+    # the list keeps dp and blocks first, so that they win a tie with a baseline
+    blocked = [get_solver("blocks")(graph, budget_bytes, config=config)] \
+        if repeats and (not expired() or table_built(graph, config=config)) else []
+    if repeats and not blocked:
+        skipped.append("blocks")
     relaxed = None
-    if not (short() and blocked):
+    if not (short() and (blocked or early or expired())):
         relaxed = get_solver("relax")(
             graph, budget_bytes, config=config, time_limit_s=None if time_limit_s is None
             else min(config.relax_share * time_limit_s, max(config.min_solve_s, left())))
@@ -82,21 +119,24 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
             return replace(certify(graph, relaxed, config=config),
                            solve_s=time.perf_counter() - started)
     results = blocked + ([] if relaxed is None else [relaxed])
-    if short() and blocked:
+    if short() and (blocked or early or expired()):
         skipped += ["relax"] * (relaxed is None) + ["dp"]
     else:
         results.insert(0, get_solver("dp")(  # (first: dp wins a tie with blocks)
             graph, budget_bytes, config=config,
             time_limit_s=None if time_limit_s is None else max(config.min_solve_s, left())))
     reserve = 0.0 if time_limit_s is None else config.fine_share * time_limit_s
-    fitting = [r for r in results + baselines if r.status != INFEASIBLE]
+    fitting = [r for r in results + early + baselines if r.status != INFEASIBLE]
     if time_limit_s is None or left() >= config.min_solve_s or not fitting:
-        # (with nothing that fits yet, it runs however little time is left: min_solve_s)
+        # (with nothing that fits yet, it runs with however little time is left: at least
+        # its cheap warm starts, which may fit where the others did not)
         results.append(get_solver("cpsat")(
             graph, budget_bytes, time_limit_s=None if time_limit_s is None
             else max(config.min_solve_s, left() - reserve),  # (it leaves cpsat_fine its share)
             config=config))
-    fitting = [r for r in results + baselines if r.status != INFEASIBLE]
+    # (flat ones: cpsat_fine's space is flat, and the floor's offer may nest regions)
+    fitting = [r for r in results + early + baselines if r.status != INFEASIBLE
+               and r.schedule is not None and not r.schedule.nested]
     if time_limit_s is not None and fitting and left() >= config.min_solve_s:
         # the finer space, for a share of the limit, from the best so far: seldom proven,
         # often faster schedules
@@ -104,7 +144,7 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
         results.append(get_solver("cpsat_fine")(
             graph, budget_bytes, time_limit_s=min(left(), config.fine_share * time_limit_s),
             warm=best.schedule, config=config))
-    results += baselines
+    results += early + baselines
     fitting = [r for r in results if r.status != INFEASIBLE]
     if fitting:
         # ties go to the earlier entry, so dp wins a tie with a baseline
@@ -116,7 +156,8 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
             best = replace(best, schedule=replace(
                 best.schedule, meta={**best.schedule.meta, "auto_skipped": skipped}))
         return replace(best, solve_s=time.perf_counter() - started)
-    if blocked:  # below what one level reaches: two-level regions over the chain of blocks
+    if repeats and not expired():
+        # below what one level reaches: two-level regions over the chain of blocks
         nested = get_solver("blocks_nested")(graph, budget_bytes, config=config)
         if nested.fits:
             return replace(certify(graph, nested, config=config),
@@ -125,5 +166,4 @@ def auto(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = No
     least = floor(graph, time_limit_s=time_limit_s, config=config)
     if least.bytes <= budget_bytes:
         return finish(graph, budget_bytes, least.schedule, solver="auto", started=started)
-    return replace(results[0], solve_s=time.perf_counter() - started,
-                   min_feasible_bytes=least.bytes, floor=least)
+    return infeasible(least)

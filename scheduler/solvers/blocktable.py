@@ -38,9 +38,10 @@ from ..ir.graph import CostGraph
 from ..ir.replays import recompute_limits
 from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule
 from .blocks import Blocks
+from .deadline import check
 from .dp import ENTRY_STATES, POLICIES
 
-__all__ = ["INNER_SPANS", "BlockTable", "Entry", "build_schedule"]
+__all__ = ["INNER_SPANS", "BlockTable", "Entry", "TooLarge", "build_schedule"]
 
 #: with ``nested``: the sizes (in stages) of the inner recompute regions a recompute region of
 #: more stages may hold (the rest of it, at its end, an inner keep region)
@@ -51,10 +52,13 @@ INNER_SPANS = (1, 2, 3, 4, 6, 8)
 Option = tuple[str, frozenset[str], tuple[tuple[int, int, str], ...]]
 
 
-def build_schedule(graph: CostGraph, items: list[tuple], **info: object) -> Schedule:
+def build_schedule(graph: CostGraph, items: list[tuple], *, check: bool = True,
+                   names: list[str] | None = None, **info: object) -> Schedule:
     """A schedule from ``(start, stop, policy[, save[, inner]])`` items over
-    ``graph.compute_nodes``, ``inner`` as ``(start, stop, policy)`` spans; validated."""
-    names = graph.compute_nodes
+    ``graph.compute_nodes`` (``names``, where the caller has them), ``inner`` as ``(start,
+    stop, policy)`` spans; validated unless ``check`` is False (the table's own schedules,
+    which `region_costs` validates)."""
+    names = graph.compute_nodes if names is None else names
     regions = []
     for start, stop, p, *rest in items:
         save = rest[0] if rest else ()
@@ -62,11 +66,22 @@ def build_schedule(graph: CostGraph, items: list[tuple], **info: object) -> Sche
                       (rest[1] if len(rest) > 1 else ()))
         regions.append(Region(p, tuple(names[start:stop]), frozenset(save), inner=inner))
     schedule = Schedule(regions, fingerprint=graph.fingerprint, **info)  # type: ignore[arg-type]
-    schedule.validate(graph)
+    if check:
+        schedule.validate(graph)
     return schedule
 
 
 CACHED = ENTRY_STATES[2]
+
+
+class TooLarge(ValueError):
+    """A `BlockTable` would run more simulations than it was allowed (``max_simulations``);
+    ``planned`` says how many. Raised before any simulation runs."""
+
+    def __init__(self, planned: int, most: int):
+        super().__init__(f"the block table needs about {planned} simulations, more than the "
+                         f"{most} allowed")
+        self.planned = planned
 
 
 @dataclass(frozen=True)
@@ -111,8 +126,11 @@ class BlockTable:
     simulations it ran. It keeps no reference to the graph."""
 
     def __init__(self, graph: CostGraph, blocks: Blocks, *, max_span: int, save_top: int,
-                 nested: bool = False, mixed: bool = False):
+                 nested: bool = False, mixed: bool = False, max_simulations: int | None = None):
+        """``max_simulations``: raise `TooLarge` before simulating anything when the table
+        would take more (counted from the stages, not timed)."""
         names = graph.compute_nodes
+        self._names = names
         self.stages = blocks.stages
         self.points = blocks.points
         self.max_span = max_span
@@ -141,7 +159,6 @@ class BlockTable:
         self.states = {a: (None,) if a == 0 else POLICIES + (
             (CACHED,) if any(self.crossing[a] in o[1] for o in self.options[a - 1, 1]) else ())
             for a in range(S)}
-        one, full = self._times(graph, tops)
         g = _gradients_before(graph, self.points)
         self.entries: dict[tuple[int, int, int, str | None], Entry] = {}
         groups: dict[tuple, list[int]] = {}
@@ -149,10 +166,20 @@ class BlockTable:
             for o in range(len(opts)):
                 for q in self.states[a]:
                     groups.setdefault((tuple(kinds[a:a + m]), o, q, a == 0), []).append(a)
-        for (run, o, q, _), starts in groups.items():
+        ends = {key: _ends(starts, len(key[0]), g) for key, starts in groups.items()}
+        if max_simulations is not None:
+            # (the times' 3 per save level, and at most the two ends of each group and the
+            # starts that end the graph)
+            planned = 3 * (max(self.levels) + 1) + sum(
+                len({lo, hi} | {a for a in starts if a + len(key[0]) == S})
+                for (key, starts), (lo, hi) in zip(groups.items(), ends.values()))
+            if planned > max_simulations:
+                raise TooLarge(planned, max_simulations)
+        one, full = self._times(graph, tops)
+        for key, starts in groups.items():
+            run, o, q, _ = key
             m = len(run)
-            lo = min(starts, key=lambda a: (g[a + m], a))
-            hi = max(starts, key=lambda a: (g[a + m], a))
+            lo, hi = ends[key]
             measured = self._measure_pair(graph, hi, lo, m, o, q)
             for a in {lo, hi} | {a for a in starts if a + m == S}:
                 if a not in measured:
@@ -199,8 +226,12 @@ class BlockTable:
                          for off in tops[self.stages[s].kind][:k])
 
     def _run(self, graph: CostGraph, spans: list[tuple]) -> list:
+        check("the block table")  # (thousands of simulations: a solve's shared deadline)
         self.simulations += 1
-        return region_costs(graph, build_schedule(graph, spans), timeline=False)[1]
+        # (validated once, by region_costs: a simulation is a few ms, and checking the
+        # graph's fingerprint and node list twice was a fifth of it)
+        return region_costs(graph, build_schedule(graph, spans, check=False,
+                                                  names=self._names), timeline=False)[1]
 
     def _measure(self, graph: CostGraph, a: int, m: int, o: int, q: str | None
                  ) -> tuple[int, int, int, bool, float]:
@@ -335,6 +366,12 @@ def _gradients_before(graph: CostGraph, points: list[int]) -> list[int]:
             if p < b and j not in first:
                 first[j] = i
     return [net[first.get(j, len(steps))] for j in range(len(points))]
+
+
+def _ends(starts: list[int], m: int, g: list[int]) -> tuple[int, int]:
+    """The starts of a group with the least and the most gradient bytes after it (``lo``,
+    ``hi``): where its regions are measured."""
+    return (min(starts, key=lambda a: (g[a + m], a)), max(starts, key=lambda a: (g[a + m], a)))
 
 
 def _flat(one: list[list[float]], full: list[list[float]], k: int, a: int, m: int) -> float:

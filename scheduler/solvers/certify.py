@@ -29,6 +29,7 @@ from .base import (
 )
 from .bound import BoundWarning, full_space_bound
 from .config import SolverConfig
+from .deadline import clamp, within
 
 __all__ = ["certify", "solve_and_certify"]
 
@@ -72,6 +73,7 @@ def certify(graph: CostGraph, result: SolveResult, *, time_limit_s: float | None
     known = [b for b in (result.lower_bound_s, bound_s) if b is not None]
     if not any(reaches(t, b) for b in known):
         limit = config.bound_s if time_limit_s is None else min(config.bound_s, time_limit_s)
+        limit = clamp(limit)  # (never past a solve's shared deadline: `deadline`)
         if limit >= config.min_bound_s:
             known.append(full_space_bound(graph, result.budget_bytes, time_limit_s=limit,
                                           config=config))
@@ -107,6 +109,7 @@ def solve_and_certify(graph: CostGraph, budget_bytes: int, solver: str, *,
     time_limit_s = check_time_limit(time_limit_s)
     solve = get_solver(solver)
     started = time.perf_counter()
-    result = solve(graph, budget_bytes, time_limit_s=time_limit_s)
-    left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
-    return certify(graph, result, time_limit_s=left)
+    with within(time_limit_s):  # (one deadline for every phase: `deadline`)
+        result = solve(graph, budget_bytes, time_limit_s=time_limit_s)
+        left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
+        return certify(graph, result, time_limit_s=left)

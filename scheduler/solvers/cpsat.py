@@ -53,6 +53,7 @@ from .base import (
     register,
 )
 from .config import SolverConfig
+from .deadline import clamp
 from .cpsat_model import CpsatModel
 from .cpsat_space import NS, fine_points, unit_points
 
@@ -240,6 +241,7 @@ def cpsat_fine(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | Non
     ``config.cpsat_fine_warm_share`` of the limit, and its answer is the start."""
     config = SolverConfig() if config is None else config
     started = time.perf_counter()
+    time_limit_s = clamp(time_limit_s)  # (never past a solve's shared deadline)
     if warm is None:
         first = cpsat(graph, budget_bytes, time_limit_s=None if time_limit_s is None
                       else config.cpsat_fine_warm_share * time_limit_s, config=config)
@@ -257,6 +259,7 @@ def _cpsat(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
     """`solve_lazy` over ``points`` (named ``space`` in the schedule), against the warm start
     (and ``given``), as the result of solver ``name``; its solve time counts from
     ``started``."""
+    time_limit_s = clamp(time_limit_s)  # (never past a solve's shared deadline)
     at = time.perf_counter()
     started = at if started is None else started
     deadline = search_until = None

@@ -30,14 +30,16 @@ import time
 from dataclasses import dataclass
 
 from ..cost.simulate import region_costs, storage_readers
+from ..cost.static import Static
 from ..ir.graph import CostGraph
 from ..ir.replays import recompute_limits
 from ..ir.schedule import KEEP, RECOMPUTE, Schedule
 from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, graph_cache, register
 from .config import SolverConfig
+from .deadline import OutOfTime, check, clamp
 
 __all__ = ["chain_cuts", "crossing_counts", "dp", "RegionTable", "region_options",
-           "save_candidates", "table_for"]
+           "save_candidates", "simulation_s", "table_for"]
 
 POLICIES = (KEEP, RECOMPUTE)
 
@@ -179,6 +181,7 @@ class RegionTable:
         spans.append((start, stop, p, save))
         if stop < n:
             spans.append((stop, n, KEEP))
+        check("dp's region table")  # (a solve's shared deadline: `deadline`)
         _, costs = region_costs(graph, Schedule.from_regions(graph, spans), timeline=False)
         j = 1 if start > 0 else 0
         c = costs[j]
@@ -219,6 +222,14 @@ def table_for(graph: CostGraph, *, max_cuts: int = 40,
             space += f", thinned to {len(cuts)}"
         cache[max_cuts, save_top] = (RegionTable(graph, cuts, save_top=save_top), space)
     return cache[max_cuts, save_top]
+
+
+def simulation_s(graph: CostGraph) -> float:
+    """About how long one of the solvers' table simulations (`region_costs`) takes on
+    ``graph``, estimated from its size (events, storages, steps), not timed: the same graph
+    gives the same estimate in every process, so that work sized by it is the same too."""
+    static = Static.of(graph)
+    return 8e-7 * (len(static.fwd_flat) + len(static.stor) + 4 * static.n_steps) + 1e-4
 
 
 def affordable_cuts(graph: CostGraph, seconds: float, *, most: int = 40,
@@ -306,12 +317,17 @@ def dp(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
     ``max_cuts`` is used as it is)."""
     started = time.perf_counter()
     save_top = (config or SolverConfig()).save_top
+    time_limit_s = clamp(time_limit_s)  # (never past a solve's shared deadline)
     built = [k for k, top in graph_cache(graph, "dp tables") if top == save_top]
     if max_cuts not in built and time_limit_s is not None:
         max_cuts = next((k for k in sorted(built, reverse=True) if k <= max_cuts),
                         min(max_cuts, affordable_cuts(graph, time_limit_s / 2,
                                                       save_top=save_top)))
-    table, space = table_for(graph, max_cuts=max_cuts, save_top=save_top)
+    try:
+        table, space = table_for(graph, max_cuts=max_cuts, save_top=save_top)
+    except OutOfTime:  # (the table half built: nothing found, nothing proven)
+        return finish(graph, budget_bytes, None, solver="dp", started=started,
+                      status=INFEASIBLE)
     found = _search(table, budget_bytes)
     if found is None:
         return finish(graph, budget_bytes, None, solver="dp", started=started,

@@ -26,13 +26,20 @@ rather than as a by-product of a solve that failed:
 same graph, time limit and config, and answers its schedule where it fits the budget; where it
 does not, its INFEASIBLE result carries the floor, which `budget.infeasible_error` names.
 
-**Same answer every time.** A floor depends on the graph, the time limit and the config only:
-each offer gets a fixed share of the limit (not what the others left), `dp`'s table size is
-chosen from the graph's size (not from a timed simulation), and nothing the solvers cached for
-other budgets is read. Its CP-SAT parts stop at wall-clock limits, so two processes may get
-further or less far in them; within one process the floor is computed once per graph, time
-limit and config and kept beside the graph (`base.graph_cache`): every budget asked for on
-that graph names the same floor.
+**The named budget solves in a new process too.** The offers (`offered`, the first phase)
+are deterministic: each gets a fixed share of the limit and spends it as work sized without
+the clock (`dp`'s and the block DP's tables from the graph's size, the block DP skipped
+where its table would not fit its share; CP-SAT with one worker, a fixed seed and a
+*deterministic* time limit). So the same graph, time limit and config give the same least
+peak, ``reproducible_bytes``, in any process, and `auto` asks for the offers first wherever
+no baseline fits, so that they get the limit from its start as they did when the floor was
+named. The error names that budget (`Floor.named_bytes`). The probes and the bisection after
+them stop at the wall clock, so what they find below it (``bytes``, ``schedule``) is kept
+and shown but not promised. Where the shared deadline cut an offer short, nothing is
+reproducible (``reproducible_bytes`` None) and the error says so: the least peak found then
+solves in this process (the floor is computed once per graph, time limit and config and kept
+beside the graph, `base.graph_cache`, so every budget asked for names the same floor), not
+surely in another.
 """
 
 from __future__ import annotations
@@ -59,11 +66,12 @@ from .brute import MAX_NODES, brute_force
 from .config import SolverConfig
 from .cpsat import unit_points
 from .cpsat_model import CpsatModel
-from .dp import dp, min_feasible_bytes, table_for
+from .deadline import OutOfTime, expired, left, within
+from .dp import dp, min_feasible_bytes, simulation_s, table_for
 from .heuristics import BASELINES
 from .relax import relax_and_round
 
-__all__ = ["Floor", "ONE_LEVEL", "UNIVERSAL", "floor", "universal_bound"]
+__all__ = ["Floor", "ONE_LEVEL", "Offered", "UNIVERSAL", "floor", "offered", "universal_bound"]
 
 #: the space `Floor.lower_bound_bytes` holds over
 ONE_LEVEL = ("one-level region schedules (boundaries after any compute node, keep or "
@@ -81,6 +89,8 @@ _OFFER_SHARE = 0.5
 _MIN_PROBE_S = 0.3
 #: bisection probes at most (enough to bisect a 2**30-byte gap to the byte)
 _MAX_PROBES = 32
+#: CP-SAT's random seed in the floor's offers (any fixed value: the same search every time)
+_SEED = 7
 
 
 @dataclass(frozen=True)
@@ -111,26 +121,59 @@ class Floor:
     status: str
     time_limit_s: float | None
     solve_s: float
+    #: the least peak of the deterministic offers (`offered`), when none was cut short by the
+    #: time limit: a new solve asking for it (same time limit and config) finds it again;
+    #: None when one was cut short
+    reproducible_bytes: int | None = None
+    #: the schedule that peaks at ``reproducible_bytes``
+    reproducible_schedule: Schedule | None = None
+
+    @property
+    def named_bytes(self) -> int:
+        """The budget an infeasible-budget error names: ``reproducible_bytes`` where there is
+        one (it solves when asked in a new process), else ``bytes`` (it solves in this
+        process, which keeps this floor; a new one may not find it)."""
+        return self.bytes if self.reproducible_bytes is None else self.reproducible_bytes
 
     def describe(self, need: int | None = None, low: int | None = None) -> str:
         """What is known, in the error's words: ``need`` and ``low`` are ``bytes`` and
         ``lower_bound_bytes`` in the caller's terms (before headroom), by default as they
         are."""
-        need = self.bytes if need is None else need
+        need = self.named_bytes if need is None else need
         low = self.lower_bound_bytes if low is None else low
-        if self.status == OPTIMAL:
+        if self.status == OPTIMAL and self.named_bytes == self.bytes:
             return (f"the smallest budget that fits is {format_bytes(need)} ({need} bytes) "
                     f"(proven over {self.space})")
         return (f"a schedule fits {format_bytes(need)} ({need} bytes); no schedule fits below "
                 f"{format_bytes(low)} ({low} bytes) (proven over {self.space}); between them: "
                 f"unknown, give more time (time limit {self.time_limit_s} s)")
 
+    def promise(self, need: int | None = None, found: int | None = None) -> str:
+        """What asking for the named budget does, in the error's words (``need`` and
+        ``found``: `named_bytes` and ``bytes`` in the caller's terms)."""
+        need = self.named_bytes if need is None else need
+        found = self.bytes if found is None else found
+        if self.reproducible_bytes is None:
+            return (f"the smallest feasible budget over every schedule found (the error's "
+                    f"floor.schedule); but the time limit ({self.time_limit_s} s) cut the "
+                    "deterministic search short, so a new solve may not find it again: give a "
+                    "longer time limit for a floor that reproduces")
+        text = ("the smallest feasible budget over every schedule found by deterministic "
+                "searches: asking for it solves, in a new process too, with the same time "
+                "limit and solver config")
+        if self.bytes < self.reproducible_bytes:
+            text += (f"; a time-limited search also found a schedule that fits "
+                     f"{format_bytes(found)} ({found} bytes) (the error's floor.schedule, "
+                     "usable as it is), which a new solve may not find again")
+        return text
+
     def to_dict(self) -> dict[str, Any]:
         """The floor as JSON-ready values (the schedule as its region count)."""
         return {"bytes": self.bytes, "lower_bound_bytes": self.lower_bound_bytes,
                 "universal_bytes": self.universal_bytes, "status": self.status,
                 "space": self.space, "by": self.by, "time_limit_s": self.time_limit_s,
-                "solve_s": self.solve_s, "regions": len(self.schedule.regions),
+                "solve_s": self.solve_s, "reproducible_bytes": self.reproducible_bytes,
+                "regions": len(self.schedule.regions),
                 "recomputed": len(self.schedule.recompute_regions)}
 
 
@@ -196,9 +239,7 @@ def dp_cuts(graph: CostGraph, seconds: float | None, *, most: int = 40) -> int:
     the same graph and limit give the same table (None: ``most``)."""
     if seconds is None:
         return most
-    static = Static.of(graph)
-    per_sim = 8e-7 * (len(static.fwd_flat) + len(static.stor) + 4 * static.n_steps) + 1e-4
-    per_pair = 4 * 3 * per_sim  # (region options, entry states)
+    per_pair = 4 * 3 * simulation_s(graph)  # (region options, entry states)
     return max(2, min(most, int((2 * seconds / per_pair) ** 0.5)))
 
 
@@ -217,26 +258,40 @@ def _cpsat_offer(graph: CostGraph, *, time_limit_s: float | None,
                  config: SolverConfig) -> Schedule | None:
     """The least peak over `cpsat`'s unit points: CP-SAT minimizes the room above the base;
     each answer is simulated and cut off when the simulator disagrees (a replay the model had
-    not probed), until CP-SAT proves the room or time runs out. The best simulated wins."""
+    not probed), until CP-SAT proves the room or its work runs out. The best simulated wins.
+
+    Deterministic, so that the floor it names is found again in a new process: one worker, a
+    fixed seed, every replay probed up front, and ``time_limit_s`` of CP-SAT's *deterministic*
+    time (a count of work, not seconds) over all its solves. The shared deadline
+    (`deadline`) stops it only as a backstop: then it raises `OutOfTime` with the best found
+    (``partial``), which the floor uses but does not promise."""
     from ortools.sat.python import cp_model
 
-    deadline = None if time_limit_s is None else time.perf_counter() + time_limit_s
+    rest = left()
+    deadline = None if rest is None else time.perf_counter() + max(0.0, rest)
     points = unit_points(graph, config=config)
     try:
-        probe_until = None if deadline is None else time.perf_counter() + 0.3 * time_limit_s
-        model = CpsatModel(graph, points, None, deadline=deadline, probe_until=probe_until)
+        model = CpsatModel(graph, points, None, deadline=deadline, probe_until=None)
     except TimeoutError:
-        return None
+        raise OutOfTime("the floor's cpsat offer: out of time building its model") from None
     best: tuple[int, Schedule] | None = None
+    used = 0.0  # (deterministic time spent)
     while True:
         solver = cp_model.CpSolver()
-        solver.parameters.num_workers = config.cpsat_workers
-        if deadline is not None:
-            left = deadline - time.perf_counter()
-            if left <= 0:
+        solver.parameters.num_workers = 1
+        solver.parameters.random_seed = _SEED
+        if time_limit_s is not None:
+            if used >= time_limit_s:
                 break
-            solver.parameters.max_time_in_seconds = left
+            solver.parameters.max_deterministic_time = time_limit_s - used
+        rest = left()
+        if rest is not None:
+            solver.parameters.max_time_in_seconds = max(1e-3, rest)
         st = solver.Solve(model.m)
+        used += solver.deterministic_time
+        if expired():  # (stopped by the wall clock, perhaps: what it found is not repeatable)
+            raise OutOfTime("the floor's cpsat offer: out of time",
+                            partial=None if best is None else best[1])
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
         sched = model.schedule(solver)
@@ -248,6 +303,59 @@ def _cpsat_offer(graph: CostGraph, *, time_limit_s: float | None,
         model.add_replays(sched)
         model.forbid(solver)
     return None if best is None else best[1]
+
+
+@dataclass(frozen=True)
+class Offered:
+    """The least-peak schedule of the offers (`offered`): its simulated peak ``bytes``, the
+    offer that found it (``by``), and whether every offer ran to its end (``complete``): then
+    the same graph, time limit and config give the same schedule in any process."""
+
+    bytes: int
+    schedule: Schedule
+    by: str
+    complete: bool
+
+
+def offered(graph: CostGraph, *, time_limit_s: float | None = 30.0,
+            config: SolverConfig | None = None) -> Offered:
+    """The least peak of every registered least-peak offer (`base.offers_least_peak`), each
+    given a fixed share of ``time_limit_s`` that it spends as deterministic work (table sizes
+    from the graph's size, CP-SAT's deterministic time), never what the clock says: so the
+    answer is the same in every process, unless the shared deadline (`deadline`) cuts an
+    offer short first (``complete`` False; what that offer found still counts). The floor's
+    first phase; `auto` asks for it first where no baseline fits, so that it gets the limit
+    from its start. Computed once per graph, time limit and config in a process.
+
+    Raises:
+        ValueError: ``time_limit_s`` is not None or a finite number > 0.
+    """
+    time_limit_s = check_time_limit(time_limit_s)
+    config = config or SolverConfig()
+    cache = graph_cache(graph, "floor offers")
+    key = (time_limit_s, config)
+    if key not in cache:
+        with within(time_limit_s):
+            cache[key] = _offered(graph, time_limit_s, config)
+    return cache[key]
+
+
+def _offered(graph: CostGraph, time_limit_s: float | None, config: SolverConfig) -> Offered:
+    offers = least_peak_offers()
+    share = None if time_limit_s is None else _OFFER_SHARE * time_limit_s / max(1, len(offers))
+    best: tuple[int, str, Schedule] | None = None
+    complete = True
+    for name, offer in offers.items():
+        try:
+            got = offer(graph, time_limit_s=share, config=config)
+        except OutOfTime as e:
+            complete, got = False, e.partial
+        for sched in [got] if isinstance(got, Schedule) else list(got or ()):
+            peak = simulate(graph, sched, timeline=False).peak_bytes
+            if best is None or peak < best[0]:
+                best = (peak, name, sched)
+    assert best is not None, "the baselines always offer schedules"
+    return Offered(bytes=best[0], schedule=best[2], by=best[1], complete=complete)
 
 
 # -------------------------------------------------------------------------- the floor
@@ -267,32 +375,24 @@ def floor(graph: CostGraph, *, time_limit_s: float | None = 30.0,
     cache = graph_cache(graph, "floor")
     key = (time_limit_s, config)
     if key not in cache:
-        cache[key] = _floor(graph, time_limit_s, config)
+        with within(time_limit_s):  # (inside the caller's: `auto`'s limit holds)
+            cache[key] = _floor(graph, time_limit_s, config)
     return cache[key]
 
 
 def _floor(graph: CostGraph, time_limit_s: float | None, config: SolverConfig) -> Floor:
     started = time.perf_counter()
-    offers = least_peak_offers()
-    share = None if time_limit_s is None else _OFFER_SHARE * time_limit_s / max(1, len(offers))
-    best: tuple[int, str, Schedule] | None = None
-    for name, offer in offers.items():
-        got = offer(graph, time_limit_s=share, config=config)
-        for sched in [got] if isinstance(got, Schedule) else list(got or ()):
-            peak = simulate(graph, sched, timeline=False).peak_bytes
-            if best is None or peak < best[0]:
-                best = (peak, name, sched)
-    assert best is not None, "the baselines always offer schedules"
+    first = offered(graph, time_limit_s=time_limit_s, config=config)
     universal = universal_bound(graph)
-    hi, by, sched = best
+    hi, by, sched = first.bytes, first.by, first.schedule
     lo, space = universal, UNIVERSAL
-    deadline = None if time_limit_s is None else started + time_limit_s
+    deadline = None if left() is None else time.perf_counter() + left()  # (the shared one)
 
     def limit() -> float | None:  # (a probe's: a third of what is left, at least _MIN_PROBE_S)
         if deadline is None:
             return None
-        left = deadline - time.perf_counter()
-        return None if left < _MIN_PROBE_S else min(left, max(_MIN_PROBE_S, left / 3))
+        rest = deadline - time.perf_counter()
+        return None if rest < _MIN_PROBE_S else min(rest, max(_MIN_PROBE_S, rest / 3))
 
     # down from the best: does anything fit a byte less? (cpsat, then the relaxation, which
     # may also prove that nothing of the one-level space does)
@@ -341,10 +441,18 @@ def _floor(graph: CostGraph, time_limit_s: float | None, config: SolverConfig) -
         lo = universal
     if lo == universal:
         space = UNIVERSAL
-    est = simulate(graph, sched)
     status = OPTIMAL if hi == lo else FEASIBLE
-    meta = {"space": f"the floor: the least peak found (by {by})", **sched.meta, "floor": by}
-    sched = replace(sched, meta=meta, estimate=est.to_dict())
+
+    def stamped(found: Schedule, who: str) -> Schedule:  # (simulated again, named)
+        meta = {"space": f"the floor: the least peak found (by {who})", **found.meta,
+                "floor": who}
+        return replace(found, meta=meta, estimate=simulate(graph, found).to_dict())
+
+    same = first.schedule is sched
+    sched = stamped(sched, by)
     return Floor(bytes=hi, schedule=sched, by=by, lower_bound_bytes=lo, space=space,
                  universal_bytes=universal, status=status, time_limit_s=time_limit_s,
-                 solve_s=time.perf_counter() - started)
+                 solve_s=time.perf_counter() - started,
+                 reproducible_bytes=first.bytes if first.complete else None,
+                 reproducible_schedule=None if not first.complete else sched if same
+                 else stamped(first.schedule, first.by))

@@ -43,6 +43,7 @@ from ..ir.schedule import Schedule
 from .base import FEASIBLE, INFEASIBLE, OPTIMAL, SolveResult, finish, reaches, register
 from .config import SolverConfig
 from .cpsat import warm_start
+from .deadline import clamp
 from .relaxation import Relaxation
 from .repair import repair, stripped
 
@@ -78,6 +79,7 @@ def relax_and_round(graph: CostGraph, budget_bytes: int, time_limit_s: float | N
     the budget (`Relaxation.tighten`): the next solves give schedules, not bounds."""
     config = config or SolverConfig()
     rounds = config.rounds if rounds is None else rounds
+    time_limit_s = clamp(time_limit_s)  # (never past a solve's shared deadline)
     started = time.perf_counter()
     best: tuple[float, Schedule] | None = None
     bound, proven = 0.0, False

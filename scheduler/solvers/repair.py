@@ -38,6 +38,7 @@ from ..ir.graph import CostGraph
 from ..ir.replays import recompute_limits
 from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule
 from .config import SolverConfig
+from .deadline import clamp
 
 __all__ = ["repair", "stripped"]
 
@@ -53,7 +54,7 @@ def repair(graph: CostGraph, schedule: Schedule, budget_bytes: int, time_limit_s
         raise ValueError(f"repair changes flat schedules; this one nests regions (depth "
                          f"{schedule.depth}): repair its flat form or solve again")
     config = config or SolverConfig()
-    deadline = time.perf_counter() + time_limit_s
+    deadline = time.perf_counter() + clamp(time_limit_s)  # (within a solve's deadline)
     at = {x: i for i, x in enumerate(graph.compute_nodes)}
     spans: list[_Span] = [(at[r.nodes[0]], at[r.nodes[-1]] + 1, r.policy, frozenset(r.save))
                           for r in schedule.regions]

@@ -39,7 +39,8 @@ def floor(model_or_graph: nn.Module | CostGraph,
         example_inputs: the model's inputs (a sequence, a mapping of keywords, or one tensor);
             not given with a graph.
         time_limit_s: seconds for the search (None: no limit). `scheduler.solve` at
-            ``budget=floor.bytes`` with the same limit solves.
+            ``budget=floor.bytes`` with the same limit solves in this process (which keeps
+            the floor); at ``floor.reproducible_bytes``, where set, in a new process too.
         config: the solvers' tunables.
 
     Raises:
