@@ -4,7 +4,7 @@ The whole call keeps to one deadline, ``time_limit_s`` from its start (`deadline
 starts past it and the ones under way stop there, so the answer is the best found by then.
 A budget below `floor.universal_bound` fits no schedule at all: the floor gets the whole
 limit and the answer is INFEASIBLE. Otherwise it runs every baseline; where none fits, the
-floor's deterministic offers (`floor.offered`, cached per graph) next, from the start of the
+floor's deterministic offers (`floor_offers.offered`, cached per graph) next, from the start of the
 limit, so that a budget an error named finds its schedule again; then ``relax`` (schedules read off the full-space relaxation, with its
 proven bound, for `SolverConfig.relax_share` of the time limit), and returns at once when that
 is OPTIMAL (nothing in the full space does better). Otherwise it goes on with ``blocks``
@@ -36,7 +36,8 @@ from .certify import certify
 from .config import SolverConfig
 from .deadline import expired, within
 from .deadline import left as time_left
-from .floor import Floor, floor, offered, universal_bound
+from .floor import Floor, floor, universal_bound
+from .floor_offers import offered
 from .heuristics import BASELINES
 
 __all__ = ["BASELINES", "auto"]
@@ -97,7 +98,7 @@ def _auto(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
     if time_limit_s is not None and not any(r.status != INFEASIBLE for r in baselines):
         # near the floor: the floor's deterministic offers, from the start of the limit as
         # when a floor is named, so that asking for the budget an error named finds that
-        # schedule again (`floor.offered`); cached per graph, limit and config (without a
+        # schedule again (`floor_offers.offered`); cached per graph, limit and config (without a
         # limit nothing stops early: the floor, if needed, finds them at the end as well)
         offer = offered(graph, time_limit_s=time_limit_s, config=config)
         if offer.bytes <= budget_bytes:

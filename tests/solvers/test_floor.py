@@ -286,7 +286,7 @@ def test_the_named_floor_solves_in_a_new_process():
 def test_the_floor_offers_are_the_same_on_a_fresh_graph(recorded_graph):
     """The offers (`offered`) on a fresh copy of the graph (nothing cached) give the same
     least peak and the same schedule: nothing in them reads the clock."""
-    from scheduler.solvers.floor import offered
+    from scheduler.solvers.floor_offers import offered
 
     one = offered(recorded_graph("unet"), time_limit_s=4.0)
     two = offered(recorded_graph("unet"), time_limit_s=4.0)
