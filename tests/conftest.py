@@ -72,7 +72,31 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
 
+        global _DEFAULT_THREADS
+        _DEFAULT_THREADS = torch.get_num_threads()
         torch.set_num_threads(1)
+
+
+#: torch's thread count before `pytest_configure` (None: it left it alone)
+_DEFAULT_THREADS: int | None = None
+
+
+@pytest.fixture(scope="module")
+def torch_default_threads() -> Any:
+    """Torch's own thread count for a test module whose assertions need it: oneDNN sizes its
+    convolution scratch by the thread count, and the scratch tests need it as large as a
+    single process has it."""
+    import torch
+
+    if _DEFAULT_THREADS is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(_DEFAULT_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -7,10 +7,15 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
+import pytest
+
 import scheduler
 from scheduler.measurement.step import OverBudgetWarning, over_budget_warning
 
 SMALL_UNET = dict(batch=2, channels=3, size=16, base=4, classes=2)
+
+# (oneDNN's scratch, which these tests need to matter, is sized by the thread count)
+pytestmark = pytest.mark.usefixtures("torch_default_threads")
 
 
 def test_the_allocator_count_equals_the_tensor_count_without_scratch() -> None:

@@ -21,6 +21,7 @@ A region that holds the reader and the value, or starts after the last write, is
 
 from __future__ import annotations
 
+import weakref
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import replace
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
     from .graph import CostGraph
     from .schedule import Schedule
 
+#: `recompute_limits` per graph (by id, with a weak reference to tell a reused id apart)
+_LIMITS: dict[int, tuple[Any, ...]] = {}
+
 __all__ = ["allowed", "check", "labelled_recomputed", "legalize", "recompute_limits", "refusal"]
 
 
@@ -42,10 +46,10 @@ def recompute_limits(graph: CostGraph) -> tuple[int, ...]:
     rewriter runs; ``len(compute_nodes)`` where nothing limits it, ``s`` where no recompute
     region may start at ``s``. Longer regions from ``s`` are refused, shorter ones are not.
     Cached while the graph's nodes and `CostGraph.written_reads` stay the same objects."""
-    cached = graph.__dict__.get("_recompute_limits")
-    if cached is not None and cached[0] is graph.written_reads and len(cached[1]) == len(
-            graph.nodes) and all(a is b for a, b in zip(cached[1], graph.nodes)):
-        return cached[2]
+    cached = _LIMITS.get(id(graph))
+    if cached is not None and cached[0]() is graph and cached[1] is graph.written_reads and len(
+            cached[2]) == len(graph.nodes) and all(a is b for a, b in zip(cached[2], graph.nodes)):
+        return cached[3]
     names = graph.compute_nodes
     n = len(names)
     limits = [n] * n
@@ -63,7 +67,11 @@ def recompute_limits(graph: CostGraph) -> tuple[int, ...]:
             for s in range(bisect_right(cpos, lo), bisect_right(cpos, hi)):
                 limits[s] = min(limits[s], r)
     out = tuple(limits)
-    graph.__dict__["_recompute_limits"] = (graph.written_reads, tuple(graph.nodes), out)
+    # (beside the graph, not on it, as `cost.static.Static.of` keeps its cache: no solver
+    # state on the graph object)
+    if cached is None or cached[0]() is not graph:
+        weakref.finalize(graph, _LIMITS.pop, id(graph), None)
+    _LIMITS[id(graph)] = (weakref.ref(graph), graph.written_reads, tuple(graph.nodes), out)
     return out
 
 

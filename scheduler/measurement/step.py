@@ -57,8 +57,10 @@ def over_budget_warning(schedule: Any, measured_peak_bytes: int,
                 "outside the tensors: what kernels allocate and free inside themselves "
                 "(scratch, workspaces), which a real profile counts but a fake one cannot, "
                 "or a different thread count than the profile's (oneDNN sizes scratch per "
-                "thread); and on CPU, the RNG state each checkpoint keeps (about 5 KB a region, "
-                f"not modelled). Leave room for them: solve with headroom={room:.2f} or more")
+                "thread); and on CPU, the RNG state each random region's checkpoint keeps "
+                "(about 5 KB a region, held back from the budget by `solve_graph`, not by a "
+                f"schedule made otherwise). Leave room for them: solve with headroom={room:.2f} "
+                "or more")
     return (f"a plan measured over its budget: measured peak {measured_peak_bytes} bytes > "
             f"budget {budget} bytes (predicted {predicted} bytes; solver {schedule.solver!r}, "
             f"{len(schedule.regions)} regions, {len(schedule.recompute_regions)} recomputed). "
