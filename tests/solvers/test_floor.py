@@ -154,7 +154,7 @@ def test_recorded_graphs_floor_solves_and_is_below_every_baseline(recorded_graph
     try:
         got = solve_graph(g, f.bytes - 1, time_limit_s=LIMIT_S)
     except InfeasibleBudgetError as e:
-        assert e.min_feasible_bytes == f.bytes and e.floor == f
+        assert e.min_feasible_bytes == f.named_bytes and e.floor == f
     else:
         assert f.status != OPTIMAL and got.estimate.peak_bytes < f.bytes
     if f.status == OPTIMAL:
