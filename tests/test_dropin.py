@@ -246,7 +246,10 @@ def solved_under_autocast(build: Callable[[], nn.Module]) -> dict[str, Any]:
         with pytest.raises(scheduler.InfeasibleBudgetError) as least:
             scheduler.solve_graph(graph, 0.01, solver="greedy")
         budget = (least.value.min_feasible_bytes + top) // 2
-        schedule = scheduler.solve_graph(graph, budget, solver="greedy").schedule
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            schedule = scheduler.solve_graph(graph, budget, solver="greedy").schedule
+        no_room = [w for w in caught if "plus the RNG state" in str(w.message)]
         assert schedule.recompute_regions, "the test needs a schedule that recomputes"
         module = scheduler.apply(model, schedule, inputs)
         with warnings.catch_warnings():
@@ -254,7 +257,7 @@ def solved_under_autocast(build: Callable[[], nn.Module]) -> dict[str, Any]:
             m = scheduler.measure(module, inputs, repeats=1)
         assert_same(step(module, **_kw(inputs)), step(build(), **_kw(inputs)))
     return {"schedule": schedule, "budget": budget, "tensors": m.peak_bytes,
-            "allocator": m.allocator_peak_bytes}
+            "allocator": m.allocator_peak_bytes, "no_room": bool(no_room)}
 
 
 @pytest.mark.parametrize("build", [gpt_example, pytest.param(gpt2, marks=pytest.mark.slow)],
@@ -272,8 +275,11 @@ def test_a_plan_solved_under_autocast_fits_its_budget_there(build: Callable[[], 
                                      got["allocator"])
     predicted = s.estimate["peak_bytes"]
     stash = s.meta["rng_stash_bytes"]
-    assert tensors <= predicted and predicted + stash <= budget
-    assert allocator <= budget
+    assert tensors <= predicted <= budget
+    if got["no_room"]:  # (greedy found no schedule leaving room for the stash: said so)
+        assert predicted + stash > budget
+    else:
+        assert predicted + stash <= budget and allocator <= budget
     # the allocator's count sees kernels' scratch (in the prediction) and the RNG states
     assert -0.03 * allocator <= allocator - predicted <= stash + 0.03 * allocator, (
         predicted, allocator, tensors)
