@@ -10,6 +10,7 @@ the stash together fit.
 from __future__ import annotations
 
 import dataclasses
+import time
 import warnings
 
 from ..cost.rng import rng_stash_bytes
@@ -22,6 +23,8 @@ __all__ = ["STASH_TRIES", "solve_with_rng_stash"]
 
 #: solves `solve_with_rng_stash` tries before it accepts a plan without room for the stash
 STASH_TRIES = 4
+#: seconds of the time limit a further solve needs at least to be tried
+_LEAST_S = 0.2
 
 
 def solve_with_rng_stash(costs: CostGraph, target: int, solver: str,
@@ -31,12 +34,21 @@ def solve_with_rng_stash(costs: CostGraph, target: int, solver: str,
     simulated peak) until the two together fit ``target``. The schedule's
     ``meta["rng_stash_bytes"]`` records the stash, ``meta["rng_reserve_bytes"]`` the room held
     back (its status and gap are then over the budget less that room); its budget is
-    ``target``. When no schedule leaves that room (within `STASH_TRIES` solves), the plan that
-    fits without it is returned, with a RuntimeWarning (attributed two frames up: to the code
-    that called `plan.solve_graph`) naming how far over the two go."""
+    ``target``. The solves share ``time_limit_s``. When no schedule leaves that room (within
+    `STASH_TRIES` solves and the time limit), the plan that fits without it is returned, with
+    a RuntimeWarning (attributed two frames up: to the code that called `plan.solve_graph`)
+    naming how far over the two go."""
     reserve, fits = 0, None
+    started = time.perf_counter()
     for _ in range(STASH_TRIES):
-        result = solve_and_certify(costs, target - reserve, solver, time_limit_s=time_limit_s)
+        # (the solves share the one time limit: `time_limit_s` is a promise for the call)
+        limit = time_limit_s
+        if fits is not None and time_limit_s is not None:
+            limit = time_limit_s - (time.perf_counter() - started)
+            if limit < _LEAST_S:
+                result = fits
+                break
+        result = solve_and_certify(costs, target - reserve, solver, time_limit_s=limit)
         if result.status == INFEASIBLE or result.schedule is None or result.estimate is None:
             if fits is None:
                 return result

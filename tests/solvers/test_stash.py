@@ -5,6 +5,7 @@ room the plan that fits without it comes back with a warning naming the excess."
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import pytest
@@ -56,3 +57,29 @@ def test_no_room_for_the_stash_returns_the_plan_that_fits_without_it(recorded_gr
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         scheduler.solve_graph(graph, 1.0, solver="greedy")  # (nothing recomputed: no stash)
+
+
+def test_the_solves_share_one_time_limit(recorded_graph, monkeypatch) -> None:
+    """Solving again for room costs no more time than the limit the caller gave (each solve
+    had the whole limit, so four took up to four times it). Here each solve spends 80% of the
+    limit it is given, then solves within a tenth of it, and the first plan's stash is made
+    too large to fit, so that it solves again."""
+    from scheduler.solvers import stash
+
+    graph = recorded_graph("gpt")
+    _random(graph, every=1)
+    real, given = stash.solve_and_certify, []
+
+    def slow(costs, target, solver, *, time_limit_s):
+        given.append(time_limit_s)
+        time.sleep(0.8 * time_limit_s)
+        return real(costs, target, solver, time_limit_s=0.1 * time_limit_s)
+
+    monkeypatch.setattr(stash, "solve_and_certify", slow)
+    monkeypatch.setattr(stash, "rng_stash_bytes", lambda g, s: 10**6 if len(given) == 1 else 0)
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (no room in time: said, not tested)
+        scheduler.solve_graph(graph, 0.7, time_limit_s=2)
+    assert given[0] == 2
+    assert time.perf_counter() - started <= 2 + 0.5, given
