@@ -56,10 +56,10 @@ _SOURCE_OF = {name: module for module, names in _SOURCES.items() for name in nam
 
 __all__ = ["Advice", "Comparison", "CostGraph", "CostGraphError", "DeviceSpec", "Estimate",
            "FakeProfileError", "Floor", "InfeasibleBudgetError", "MaxBatch", "Measurement",
-           "Plan", "PlanFallbackError", "PlanForward", "Region", "RejectedInputsError", "Schedule", "ScheduleError",
-           "StepBreakdown", "TraceError", "advise", "apply", "compare", "floor", "max_batch",
-           "measure", "measure_training_step", "parse_budget", "planned", "profile", "simulate", "solve",
-           "solve_graph", "trace"]
+           "Plan", "PlanFallbackError", "PlanForward", "Region", "RejectedInputsError",
+           "Schedule", "ScheduleError", "StepBreakdown", "TraceError", "advise", "apply",
+           "compare", "floor", "max_batch", "measure", "measure_training_step", "parse_budget",
+           "planned", "profile", "simulate", "solve", "solve_graph", "trace"]
 __version__ = "0.1.0"
 
 

@@ -23,10 +23,10 @@ When the plan runs, and when the model's own forward runs instead:
   arguments that leave a traced input out or fill them out of order, inputs of other kinds, a
   graph that differs at the new signature. A training step that falls back warns, since its
   memory is not what the plan predicted: at its 1st, 10th, 100th, ... fallback step and at
-  each new cause, with the counts, so that a job that trains unplanned for good cannot go unnoticed. The planned
-  module counts both (`PlanForward.planned_steps`, `PlanForward.fallback_steps`), and
-  ``on_fallback="raise"`` (`rewrite`, `solve`, `apply`) makes such a step a
-  `PlanFallbackError` instead.
+  each new cause, with the counts, so that a job that trains unplanned for good cannot go
+  unnoticed. The planned module counts both (`PlanForward.planned_steps`,
+  `PlanForward.fallback_steps`), and ``on_fallback="raise"`` (`rewrite`, `solve`, `apply`)
+  makes such a step a `PlanFallbackError` instead.
 
 Under ``torch.compile(plan.module)`` the same dispatch runs, as plain Python that dynamo
 traces and guards on (grad mode, training flag, the inputs' kinds, shapes and dtypes, the
@@ -91,7 +91,8 @@ def rewrite(gm: fx.GraphModule, schedule: Schedule, model: nn.Module, *,
     The schedule's regions must name exactly the graph's model nodes in order (validate it
     against the profiled `CostGraph` first for a fingerprint check). ``on_fallback``: what a
     training call that cannot run the plan does, ``"warn"`` (run the model's own forward,
-    warning at its 1st, 10th, 100th, ... such step and at each new cause) or ``"raise"`` (`PlanFallbackError`).
+    warning at its 1st, 10th, 100th, ... such step and at each new cause) or ``"raise"``
+    (`PlanFallbackError`).
 
     Raises:
         ScheduleError: the schedule does not match the graph, or a recompute region would

@@ -29,8 +29,7 @@ def rng_stash_bytes(graph: CostGraph, schedule: Schedule) -> int:
     state for each recompute region that holds a node that may draw random numbers, and one
     for each of its save-set nodes, all counted as alive together; an inner (nested) region's
     twice, since its parent's replay stashes again. 0 for a graph without ``meta["rng"]``."""
-    meta = graph.meta.get(RNG_META, {})
-    size, rand = int(meta.get("state_bytes", 0)), frozenset(meta.get("nodes", ()))
+    size, rand = int(graph.meta.get(RNG_META, {}).get("state_bytes", 0)), random_nodes(graph)
     if not size or not rand:
         return 0
 

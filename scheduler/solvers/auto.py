@@ -4,9 +4,10 @@ The whole call keeps to one deadline, ``time_limit_s`` from its start (`deadline
 starts past it and the ones under way stop there, so the answer is the best found by then.
 A budget below `floor.universal_bound` fits no schedule at all: the floor gets the whole
 limit and the answer is INFEASIBLE. Otherwise it runs every baseline; where none fits, the
-floor's deterministic offers (`floor_offers.offered`, cached per graph) next, from the start of the
-limit, so that a budget an error named finds its schedule again; then ``relax`` (schedules read off the full-space relaxation, with its
-proven bound, for `SolverConfig.relax_share` of the time limit), and returns at once when that
+floor's deterministic offers (`floor_offers.offered`, cached per graph) next, from the start
+of the limit, so that a budget an error named finds its schedule again; then ``relax``
+(schedules read off the full-space relaxation, with its proven bound, for
+`SolverConfig.relax_share` of the time limit), and returns at once when that
 is OPTIMAL (nothing in the full space does better). Otherwise it goes on with ``blocks``
 (exact over the chain of repeated blocks, where blocks repeat), ``dp`` (exact over chain
 schedules), ``cpsat`` (exact over region schedules of general graphs, within the

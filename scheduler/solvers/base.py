@@ -168,15 +168,14 @@ def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, so
         schedule, moved = legalize(graph, schedule)
         if moved:
             schedule = replace(schedule, meta={**schedule.meta, "moved_cuts": moved})
-            if status != INFEASIBLE:
-                status = lower_bound_s = None
-        if graph.meta.get("autocast") and any(_saves(r) for r in schedule.regions):
+        unsaved = graph.meta.get("autocast") and any(_saves(r) for r in schedule.regions)
+        if unsaved:
             # a save set's replay under autocast is handed the wrong cached tensors
             # (`checkpointing.CheckpointRegion`): its regions recompute whole instead
             schedule = replace(schedule, regions=tuple(_without_saves(r) for r in schedule.regions),
                                meta={**schedule.meta, "save_sets_dropped": "autocast"})
-            if status != INFEASIBLE:
-                status = lower_bound_s = None
+        if (moved or unsaved) and status != INFEASIBLE:
+            status = lower_bound_s = None
     est = simulate(graph, schedule) if schedule is not None else None
     claimed = status
     if status is None:

@@ -3,7 +3,8 @@
 The space (`blockdp`): regions start and end at stage boundaries (`blocks.find_blocks`); a
 region is one stage kept, or a run of at most ``max_span`` stages recomputed; at save level k
 a recompute region saves, in each of its stages, its kind's k slowest allocating node
-positions (by the kind's median time; all it has when fewer), k from 0 to ``save_top``. As in `dp`, an entry is a region's local peak ``L``, the bytes ``H`` it holds while
+positions (by the kind's median time; all it has when fewer), k from 0 to ``save_top``. As
+in `dp`, an entry is a region's local peak ``L``, the bytes ``H`` it holds while
 later regions run, its recompute time ``T``, the loss region's local peak when it is the last
 region, and whether all of them were separable, for each state the region before it leaves
 (`dp.ENTRY_STATES`).

@@ -4,7 +4,8 @@
 most one activation crosses (no other forward storage is read or saved on both sides). Each
 region is ``keep``, or ``recompute`` with one of the save sets `save_candidates` offers (its
 `SolverConfig.save_top` slowest allocating nodes at most: selective checkpointing of the ops worth
-caching), except recompute regions the rewriter would refuse (`ir.replays`). `chain_cuts` lists the cuts; when there are more than ``max_cuts``, only cuts at
+caching), except recompute regions the rewriter would refuse (`ir.replays`). `chain_cuts`
+lists the cuts; when there are more than ``max_cuts``, only cuts at
 block boundaries are kept (the space shrinks, and results say so in
 ``schedule.meta["space"]``).
 

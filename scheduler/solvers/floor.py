@@ -53,11 +53,11 @@ from ..cost.simulate import simulate
 from ..cost.static import Static
 from ..ir.graph import CostGraph
 from ..ir.schedule import Schedule
-from ..units import check_time_limit, format_bytes
-from .base import FEASIBLE, OPTIMAL, get_solver, graph_cache
+from ..units import format_bytes
+from .base import FEASIBLE, OPTIMAL, get_solver
 from .config import SolverConfig
-from .deadline import left, within
-from .floor_offers import offered
+from .deadline import left
+from .floor_offers import offered, once_per_limit
 from .relax import relax_and_round
 
 __all__ = ["Floor", "ONE_LEVEL", "UNIVERSAL", "floor", "universal_bound"]
@@ -203,14 +203,7 @@ def floor(graph: CostGraph, *, time_limit_s: float | None = 30.0,
     Raises:
         ValueError: ``time_limit_s`` is not None or a finite number > 0.
     """
-    time_limit_s = check_time_limit(time_limit_s)
-    config = config or SolverConfig()
-    cache = graph_cache(graph, "floor")
-    key = (time_limit_s, config)
-    if key not in cache:
-        with within(time_limit_s):  # (inside the caller's: `auto`'s limit holds)
-            cache[key] = _floor(graph, time_limit_s, config)
-    return cache[key]
+    return once_per_limit(graph, "floor", time_limit_s, config, _floor)
 
 
 def _floor(graph: CostGraph, time_limit_s: float | None, config: SolverConfig) -> Floor:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from ..cost.simulate import simulate
 from ..ir.graph import CostGraph
@@ -26,7 +27,7 @@ from .deadline import OutOfTime, expired, left, within
 from .dp import dp, min_feasible_bytes, simulation_s, table_for
 from .heuristics import BASELINES
 
-__all__ = ["Offered", "dp_cuts", "offered"]
+__all__ = ["Offered", "dp_cuts", "offered", "once_per_limit"]
 
 #: the least-peak choices of the baselines (`greedy` and `knapsack` at a one-byte budget
 #: return their lowest-peak candidate)
@@ -155,13 +156,26 @@ def offered(graph: CostGraph, *, time_limit_s: float | None = 30.0,
     Raises:
         ValueError: ``time_limit_s`` is not None or a finite number > 0.
     """
+    return once_per_limit(graph, "floor offers", time_limit_s, config, _offered)
+
+
+def once_per_limit(graph: CostGraph, name: str, time_limit_s: float | None,
+                   config: SolverConfig | None,
+                   compute: Callable[[CostGraph, float | None, SolverConfig], Any]) -> Any:
+    """``compute(graph, time_limit_s, config)`` under the shared deadline of ``time_limit_s``
+    (inside the caller's: `auto`'s limit holds), once per graph, time limit and config in a
+    process (`base.graph_cache` under ``name``).
+
+    Raises:
+        ValueError: ``time_limit_s`` is not None or a finite number > 0.
+    """
     time_limit_s = check_time_limit(time_limit_s)
     config = config or SolverConfig()
-    cache = graph_cache(graph, "floor offers")
+    cache = graph_cache(graph, name)
     key = (time_limit_s, config)
     if key not in cache:
         with within(time_limit_s):
-            cache[key] = _offered(graph, time_limit_s, config)
+            cache[key] = compute(graph, time_limit_s, config)
     return cache[key]
 
 
