@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import scheduler
     from examples.gpt import build
-    from scheduler.units import format_bytes, format_seconds
+    from scheduler.quantities import format_bytes, format_seconds
 
     if args.threads:
         torch.set_num_threads(args.threads)

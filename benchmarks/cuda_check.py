@@ -157,7 +157,7 @@ def check_model(name: str, build: Callable[[], Any], args: argparse.Namespace, d
     import torch
 
     import scheduler
-    from scheduler.units import format_bytes, format_seconds
+    from scheduler.quantities import format_bytes, format_seconds
 
     ok = True
     spec = args.device_spec if args.times == "roofline" else None

@@ -220,7 +220,7 @@ def table_of(args: argparse.Namespace, plan: dict[str, Any], run: dict[str, Any]
     """The results as a rich ``Table``: quantity, value, and the acceptance it is held to."""
     from rich.table import Table
 
-    from scheduler.units import format_bytes, format_seconds
+    from scheduler.quantities import format_bytes, format_seconds
 
     c = config_of(args)
     title = (f"examples/gpt.py at batch {c['batch']}, sequence {c['block_size']}, "
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from scheduler.report import console as make_console
-    from scheduler.units import format_bytes
+    from scheduler.quantities import format_bytes
 
     with tempfile.TemporaryDirectory(prefix="fake_big.") as tmp:
         schedule = str(Path(tmp) / "schedule.json")

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     import scheduler
     from scheduler.capture.timing import checkpoint_costs
     from scheduler.report import console as make_console
-    from scheduler.units import format_bytes, format_seconds
+    from scheduler.quantities import format_bytes, format_seconds
 
     torch.set_num_threads(args.threads)
     checkpoint_costs(torch.device("cpu"))  # once a process: not in the first profile's time

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     import scheduler
     from examples.gpt import build
     from scheduler.report import console as make_console
-    from scheduler.units import format_bytes, format_seconds
+    from scheduler.quantities import format_bytes, format_seconds
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)

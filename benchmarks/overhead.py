@@ -139,7 +139,7 @@ def make_table(name: str, rows: list[dict[str, Any]], info: dict[str, Any]) -> A
     import torch
     from rich.table import Table
 
-    from scheduler.units import format_bytes, format_seconds
+    from scheduler.quantities import format_bytes, format_seconds
 
     table = Table(title=f"{name}: {info['nodes']} nodes ({info['tracer']}), inputs "
                         f"{info['inputs']}, {info['device']}, {torch.get_num_threads()} "

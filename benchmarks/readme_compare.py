@@ -54,7 +54,7 @@ def select_columns(markdown: str, headers: tuple[str, ...]) -> str:
 def caption(comparison: Any, stamp: str) -> str:
     """The paragraph above a table: when, where and how it ran (``stamp``), what ran, and how
     to read it."""
-    from scheduler.units import format_bytes, format_seconds
+    from scheduler.quantities import format_bytes, format_seconds
 
     ref = comparison.reference
     return (f"{stamp}{' ' if stamp else ''}Every strategy, as `{COMMAND}`; {comparison.model} "

@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:  # `examples` is not an installed package
 
 import scheduler  # noqa: E402
 from examples.mlp import build  # noqa: E402
-from scheduler.units import format_bytes, format_seconds  # noqa: E402
+from scheduler.quantities import format_bytes, format_seconds  # noqa: E402
 
 #: ``--small``: an MLP that profiles in seconds
 SMALL = dict(batch=256, dim=32, depth=3)

@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     print(plan.summary())
     measured = scheduler.measure(plan.module, inputs, repeats=1)
     print(f"measured peak of one checkpointed step: "
-          f"{scheduler.units.format_bytes(measured.peak_bytes)} "
-          f"(budget {scheduler.units.format_bytes(plan.budget_bytes)})")
+          f"{scheduler.quantities.format_bytes(measured.peak_bytes)} "
+          f"(budget {scheduler.quantities.format_bytes(plan.budget_bytes)})")
 
     checkpointed = train(plan.module, model.parameters(), inputs, steps=args.steps, lr=args.lr)
     reference = train(plain, plain.parameters(), inputs, steps=args.steps, lr=args.lr)

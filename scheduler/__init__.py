@@ -68,7 +68,7 @@ def __getattr__(name: str) -> Any:
     module = _SOURCE_OF.get(name)
     if module is None:
         if importlib.util.find_spec(f"{__name__}.{name}") is not None:
-            return importlib.import_module(f".{name}", __name__)  # a submodule: scheduler.units
+            return importlib.import_module(f".{name}", __name__)  # a submodule: scheduler.quantities
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value

@@ -10,7 +10,7 @@ from typing import Any
 from .ir.graph import CostGraph
 from .solvers.base import SolveResult, get_solver
 from .solvers.bound import full_space_bound
-from .units import format_bytes, parse_bytes
+from .quantities import format_bytes, parse_bytes
 
 __all__ = ["BUDGET_FORMS", "PERCENT_HINT_MAX", "InfeasibleBudgetError", "budget_spec",
            "infeasible_error", "parse_budget", "percent_hint"]

@@ -33,7 +33,7 @@ from .report import plot_timeline
 from .rewrite import check_on_fallback, rewrite
 from .solvers.base import INFEASIBLE, SolveResult, get_solver
 from .solvers.stash import solve_with_rng_stash
-from .units import check_time_limit, format_bytes, format_seconds
+from .quantities import check_time_limit, format_bytes, format_seconds
 
 __all__ = ["INPUT_SHAPES", "Plan", "apply", "input_shapes", "solve", "solve_graph"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .files import check_destination, write_atomic
-from .units import format_bytes, format_seconds
+from .quantities import format_bytes, format_seconds
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure

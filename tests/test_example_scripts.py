@@ -13,7 +13,7 @@ import torch
 
 import scheduler
 from scheduler.ir.schedule import Schedule
-from scheduler.units import format_bytes
+from scheduler.quantities import format_bytes
 
 
 def run_script(name: str, argv: list[str], capsys) -> str:

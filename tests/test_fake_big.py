@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import scheduler
-from scheduler.units import format_bytes
+from scheduler.quantities import format_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -24,7 +24,7 @@ from scheduler.solvers import (
     get_solver,
 )
 from scheduler.solvers.brute import brute_force
-from scheduler.units import format_bytes
+from scheduler.quantities import format_bytes
 
 BASELINES = ["none", "every_block", "sqrt", "greedy", "knapsack"]
 BLOCKS = ["", "h.0", "h.0", "h.1", "h.1", "h.2", "h.2", "h.3", "h.3", ""]

@@ -19,7 +19,7 @@ import torch.nn as nn
 from ..cost.simulate import simulate
 from ..ir.graph import CostGraph
 from ..ir.schedule import Schedule
-from ..units import format_bytes
+from ..quantities import format_bytes
 from . import node_times
 from .calls import call_inputs, check_differentiable
 from ..measurement.storage import free_bytes

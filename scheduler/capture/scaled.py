@@ -23,7 +23,7 @@ from torch.utils import _pytree as pytree
 from ..cost.simulate import simulate
 from ..ir.graph import CostGraph
 from ..ir.schedule import Schedule
-from ..units import format_bytes
+from ..quantities import format_bytes
 from .calls import call_inputs
 from ..measurement.storage import free_bytes
 from .fake import FakeProfileError, FakeStep, specs_as_meta

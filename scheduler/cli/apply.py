@@ -11,7 +11,7 @@ from typing import Any
 from scheduler.cli.common import EXIT_OK, add_model_spec, positive_int
 from scheduler.cli.spec import load_factory
 from scheduler.ir.schedule import Schedule
-from scheduler.units import format_bytes, format_seconds
+from scheduler.quantities import format_bytes, format_seconds
 
 __all__ = ["add_parser", "run"]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.cli.spec import SpecError, split_spec
-from scheduler.units import check_time_limit
+from scheduler.quantities import check_time_limit
 
 __all__ = ["EXIT_BUG", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "PROG", "USER_ERRORS",
            "add_json_and_quiet", "add_model_spec", "add_profile_options", "add_solver_options",

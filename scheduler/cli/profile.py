@@ -9,7 +9,7 @@ from typing import Any
 # The module, not its names: `run` looks the profiler hook up at each call (tests replace it).
 from scheduler.cli import common
 from scheduler.cli.spec import load_factory
-from scheduler.units import format_bytes, format_seconds
+from scheduler.quantities import format_bytes, format_seconds
 
 __all__ = ["add_parser", "run"]
 

@@ -18,7 +18,7 @@ from scheduler.cli.common import (
     time_limit,
 )
 from scheduler.cli.spec import load_factory
-from scheduler.units import format_bytes, format_seconds
+from scheduler.quantities import format_bytes, format_seconds
 
 __all__ = ["add_parser", "print_floor", "print_plan", "run", "run_floor"]
 

@@ -16,7 +16,7 @@ import warnings
 from dataclasses import replace
 
 from ..ir.graph import CostGraph
-from ..units import check_time_limit
+from ..quantities import check_time_limit
 from .base import (
     FEASIBLE,
     INFEASIBLE,

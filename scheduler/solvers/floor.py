@@ -53,7 +53,7 @@ from ..cost.simulate import simulate
 from ..cost.static import Static
 from ..ir.graph import CostGraph
 from ..ir.schedule import Schedule
-from ..units import format_bytes
+from ..quantities import format_bytes
 from .base import FEASIBLE, OPTIMAL, get_solver
 from .config import SolverConfig
 from .deadline import left

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from ..cost.simulate import simulate
 from ..ir.graph import CostGraph
 from ..ir.schedule import Schedule
-from ..units import check_time_limit
+from ..quantities import check_time_limit
 from .base import get_solver, graph_cache, least_peak_offers, offers_least_peak
 from .brute import MAX_NODES, brute_force
 from .config import SolverConfig

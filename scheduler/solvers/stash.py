@@ -15,7 +15,7 @@ import warnings
 
 from ..cost.rng import rng_stash_bytes
 from ..ir.graph import CostGraph
-from ..units import format_bytes
+from ..quantities import format_bytes
 from .base import INFEASIBLE, SolveResult
 from .certify import solve_and_certify
 

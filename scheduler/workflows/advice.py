@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..measurement.breakdown import PARTS, StepBreakdown
-from ..units import format_bytes, format_seconds
+from ..quantities import format_bytes, format_seconds
 
 if TYPE_CHECKING:  # annotations only
     import torch.nn as nn

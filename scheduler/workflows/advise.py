@@ -41,7 +41,7 @@ from ..measurement.breakdown import (
 from ..measurement.step import measure, measure_in_turns
 from ..plan import solve_graph
 from ..rewrite import rewrite
-from ..units import check_time_limit, format_bytes, format_seconds, parse_bytes
+from ..quantities import check_time_limit, format_bytes, format_seconds, parse_bytes
 from .advice import (
     CHECKPOINT,
     FITS,

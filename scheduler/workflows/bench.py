@@ -22,7 +22,7 @@ from ..ir.schedule import Schedule
 from ..solvers.auto import BASELINES as _AUTO_BASELINES
 from ..solvers.base import INFEASIBLE, get_solver
 from ..solvers.certify import solve_and_certify
-from ..units import check_time_limit, format_bytes
+from ..quantities import check_time_limit, format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table

@@ -40,7 +40,7 @@ from ..rewrite import rewrite
 from ..solvers.auto import BASELINES
 from ..solvers.base import INFEASIBLE, SolveResult, get_solver
 from ..solvers.certify import solve_and_certify
-from ..units import check_time_limit
+from ..quantities import check_time_limit
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure

@@ -17,7 +17,7 @@ from ..ir.graph import CostGraph
 from ..solvers.config import SolverConfig
 from ..solvers.floor import Floor
 from ..solvers.floor import floor as graph_floor
-from ..units import check_time_limit
+from ..quantities import check_time_limit
 
 __all__ = ["Floor", "floor"]
 

@@ -30,7 +30,7 @@ from ..measurement.step import Measurement, measure
 from ..plan import Plan, solve_graph
 from ..rewrite import rewrite
 from ..solvers.base import SolveResult, get_solver
-from ..units import check_time_limit, format_bytes
+from ..quantities import check_time_limit, format_bytes
 from .advise import check_headroom, parse_memory
 
 __all__ = ["MaxBatch", "Probe", "check_factory", "max_batch"]

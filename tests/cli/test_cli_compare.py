@@ -14,7 +14,7 @@ from conftest import GRAPHS_DIR, ROOT
 from test_cli_solve import FACTORY, one_error_line, run
 
 from scheduler.solvers import get_solver
-from scheduler.units import format_bytes
+from scheduler.quantities import format_bytes
 from scheduler.workflows.bench import BenchRow, _judge, bench, verdict
 
 MLP_GRAPH = GRAPHS_DIR / "mlp.json"

@@ -14,7 +14,7 @@ import scheduler
 import scheduler.capture.profile
 from scheduler import cli
 from scheduler.ir.schedule import Schedule
-from scheduler.units import format_bytes
+from scheduler.quantities import format_bytes
 
 FACTORY = """
 from examples.mlp import build as _build

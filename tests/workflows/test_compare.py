@@ -19,7 +19,7 @@ from scheduler.cost.simulate import simulate
 from scheduler.solvers import INFEASIBLE
 from scheduler.solvers.brute import brute_force
 from scheduler.solvers.dp import chain_cuts
-from scheduler.units import format_bytes
+from scheduler.quantities import format_bytes
 from scheduler.workflows.compare import FIELDS, STRATEGIES, Comparison, compare
 
 BUDGETS = ["90%", "60%"]

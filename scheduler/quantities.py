@@ -1,4 +1,5 @@
-"""Byte and time quantities as people write them, and back.
+"""Byte and time quantities as people write them, and back (the word "units" names the
+modules a plan takes over, `scheduler.units`).
 
 Torch-free on purpose: the CLI, reports and the torch-free ``CostGraph`` all use it.
 """

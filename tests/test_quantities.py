@@ -1,6 +1,6 @@
 import pytest
 
-from scheduler.units import format_bytes, format_seconds, parse_bytes
+from scheduler.quantities import format_bytes, format_seconds, parse_bytes
 
 PARSE_CASES = [
     ("1024", 1024),
