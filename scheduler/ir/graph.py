@@ -88,6 +88,11 @@ class CostGraph:
     #: refuses a recompute region, so where no solver puts one (`ir.replays`). Empty in graphs
     #: recorded before it was (and in graphs of models without such writes).
     written_reads: tuple[WrittenRead, ...] = ()
+    #: module paths of the plan's units (`scheduler.units`): submodules whose calls the plan
+    #: takes over, the rest of the step being the model's own code. A recompute region lies
+    #: within one call of one unit (`ir.replays`); nodes outside every unit are kept. Empty
+    #: for a whole-graph plan (regions anywhere).
+    units: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self._index = {n.name: i for i, n in enumerate(self.nodes)}
@@ -254,6 +259,7 @@ class CostGraph:
             # (only when there are any: graphs without them are written as before)
             **({"written_reads": [[w.reader, w.value, w.writer] for w in self.written_reads]}
                if self.written_reads else {}),
+            **({"units": list(self.units)} if self.units else {}),
         }
 
     @classmethod

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 #: `recompute_limits` per graph (by id, with a weak reference to tell a reused id apart)
 _LIMITS: dict[int, tuple[Any, ...]] = {}
 
-__all__ = ["allowed", "check", "labelled_recomputed", "legalize", "recompute_limits", "refusal"]
+__all__ = ["allowed", "check", "labelled_recomputed", "legalize", "recompute_limits", "refusal",
+           "unit_calls"]
 
 
 def recompute_limits(graph: CostGraph) -> tuple[int, ...]:
@@ -47,7 +48,8 @@ def recompute_limits(graph: CostGraph) -> tuple[int, ...]:
     region may start at ``s``. Longer regions from ``s`` are refused, shorter ones are not.
     Cached while the graph's nodes and `CostGraph.written_reads` stay the same objects."""
     cached = _LIMITS.get(id(graph))
-    if cached is not None and cached[0]() is graph and cached[1] is graph.written_reads and len(
+    key = (graph.written_reads, graph.units)
+    if cached is not None and cached[0]() is graph and cached[1] == key and len(
             cached[2]) == len(graph.nodes) and all(a is b for a, b in zip(cached[2], graph.nodes)):
         return cached[3]
     names = graph.compute_nodes
@@ -66,12 +68,50 @@ def recompute_limits(graph: CostGraph) -> tuple[int, ...]:
             # the write, with the reader inside
             for s in range(bisect_right(cpos, lo), bisect_right(cpos, hi)):
                 limits[s] = min(limits[s], r)
+    for a, b in _unit_limits(graph):
+        for s in range(a, max(b, a + 1)):  # (a node outside the units: b == a)
+            limits[s] = min(limits[s], b)
     out = tuple(limits)
     # (beside the graph, not on it, as `cost.static.Static.of` keeps its cache: no solver
     # state on the graph object)
     if cached is None or cached[0]() is not graph:
         weakref.finalize(graph, _LIMITS.pop, id(graph), None)
-    _LIMITS[id(graph)] = (weakref.ref(graph), graph.written_reads, tuple(graph.nodes), out)
+    _LIMITS[id(graph)] = (weakref.ref(graph), key, tuple(graph.nodes), out)
+    return out
+
+
+def unit_calls(graph: CostGraph) -> list[tuple[str, int, int]]:
+    """The calls of the graph's units (`CostGraph.units`), in order: ``(unit path, start,
+    stop)`` over ``graph.compute_nodes``, each a maximal run of nodes whose module path is the
+    unit's or inside it. Empty for a whole-graph plan."""
+    if not graph.units:
+        return []
+    units = sorted(graph.units, key=len, reverse=True)
+    out: list[tuple[str, int, int]] = []
+    for i, name in enumerate(graph.compute_nodes):
+        path = graph.nodes[graph.index(name)].module_path
+        unit = next((u for u in units if path == u or path.startswith(u + ".")), None)
+        if unit is None:
+            continue
+        if out and out[-1][0] == unit and out[-1][2] == i:
+            out[-1] = (unit, out[-1][1], i + 1)
+        else:
+            out.append((unit, i, i + 1))
+    return out
+
+
+def _unit_limits(graph: CostGraph) -> list[tuple[int, int]]:
+    """``(start, stop)`` runs of compute positions a recompute region may not leave: each unit
+    call, and each single node outside every unit (``stop == start``: no region starts
+    there). Empty for a whole-graph plan."""
+    if not graph.units:
+        return []
+    out, at = [], 0
+    for _, a, b in unit_calls(graph):
+        out.extend((s, s) for s in range(at, a))
+        out.append((a, b))
+        at = b
+    out.extend((s, s) for s in range(at, len(graph.compute_nodes)))
     return out
 
 
@@ -116,6 +156,16 @@ def labelled_recomputed(regions: Sequence[Any], label: str = "region ") -> list[
 def check(graph: CostGraph, schedule: Schedule) -> None:
     """Raise `ScheduleError` if the rewriter would refuse one of ``schedule``'s recompute
     regions (nested ones included), naming the region, the value and the write."""
+    if graph.units:
+        limits, at = recompute_limits(graph), {x: i for i, x in enumerate(graph.compute_nodes)}
+        for label, r in labelled_recomputed(schedule.regions):
+            a = at[r.nodes[0]]
+            if a + len(r.nodes) > limits[a] and refusal(graph, r.nodes) is None:
+                raise ScheduleError(
+                    f"{label} ({r.nodes[0]!r} .. {r.nodes[-1]!r}) is not within one call of "
+                    f"one of the plan's units ({', '.join(graph.units[:3])}"
+                    f"{', ...' if len(graph.units) > 3 else ''}): the model's own code runs "
+                    "between them, un-checkpointed; scheduler.ir.replays.legalize splits it")
     for label, r in labelled_recomputed(schedule.regions) if graph.written_reads else ():
         w = refusal(graph, r.nodes)
         if w is not None:
@@ -146,12 +196,39 @@ def legalize(graph: CostGraph, schedule: Schedule) -> tuple[Schedule, list[str]]
     names = graph.compute_nodes
     moves: list[str] = []
     at = {x: i for i, x in enumerate(names)}
-    spans = [_span(r, at) for r in schedule.regions]
+    spans = _split_at_units([_span(r, at) for r in schedule.regions], graph, names, moves)
     fixed = _level(spans, limits, names, moves, "region ")
     if not moves:
         return schedule, []
     regions = [_region(s, names) for s in fixed]
     return replace(schedule, regions=regions), moves
+
+
+def _split_at_units(spans: list[_Span], graph: CostGraph, names: list[str],
+                    moves: list[str]) -> list[_Span]:
+    """Top-level recompute regions that leave a unit call, split into one recompute region
+    per unit call they cover and kept runs between (a split region runs flat; its save set
+    is cut to each piece)."""
+    runs = _unit_limits(graph)
+    if not runs:
+        return spans
+    out: list[_Span] = []
+    for i, s in enumerate(spans):
+        a, b, p = s[:3]
+        pieces = [(max(a, x), min(b, y if y > x else x + 1), y > x) for x, y in runs
+                  if max(a, x) < min(b, y if y > x else x + 1)]
+        if p != RECOMPUTE or len(pieces) == 1 and pieces[0][2]:
+            out.append(s)
+            continue
+        moves.append(f"region {i} ({names[a]} .. {names[b - 1]}): split at the units' calls")
+        for x, y, inside in pieces:
+            piece = [x, y, RECOMPUTE if inside else KEEP,
+                     {n for n in s[3] if n in names[x:y]} if inside else set(), []]
+            if out and not inside and out[-1][2] == KEEP and out[-1][1] == x:
+                out[-1][1] = y
+            else:
+                out.append(piece)
+    return out
 
 
 def _span(r: Region, at: dict[str, int]) -> _Span:
