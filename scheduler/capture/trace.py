@@ -24,6 +24,7 @@ from torch.utils import _pytree as pytree
 
 from . import usercode
 from .calls import as_tuple, autocast_state, bare_copy, input_constants, input_specs
+from .eager_choices import choices as _choices
 from .mutation import alias_groups, mutated_inputs
 
 __all__ = ["trace", "TraceError", "TraceInfo", "LossRecipe", "as_tuple",
@@ -150,7 +151,7 @@ def preserved_state(model: nn.Module) -> Iterator[None]:
 
 def trace(model: nn.Module, example_inputs: Sequence[Any], *,
           loss_fn: Callable[[Any], torch.Tensor] | None = None,
-          fake: Any = None) -> fx.GraphModule:
+          fake: Any = None, tracer: str | None = None) -> fx.GraphModule:
     """Capture one forward of ``model`` on ``example_inputs``, plus the loss, as a graph.
 
     Args:
@@ -161,6 +162,8 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
             it, on fake tensors, so that tracing allocates nothing of activation size (the
             inputs may then be fake tensors of it, and `torch.export` traces with them; a
             model on the meta device is exported with its parameters' fakes in place).
+        tracer: ``"fx"`` or ``"export"`` to use that tracer only (a unit is traced with the
+            tracer its model's step was); None (default) tries fx, then export.
 
     Returns:
         A ``GraphModule`` computing ``(model_output, loss)`` whose parameters are the model's
@@ -183,7 +186,8 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
     inputs = as_tuple(example_inputs)
     watch = usercode.Watch()  # the model's own checkpoint calls run as plain calls
     probe = fake.active(model) if fake is not None else contextlib.nullcontext()
-    with preserved_state(model), torch.no_grad(), watch.running(), probe:
+    answers: list[Any] = []  # (`EAGER_CHOICES`, under `eager_choices`)
+    with preserved_state(model), torch.no_grad(), watch.running(), probe, _choices(answers, True):
         out = model(*inputs)
         if loss_fn is None:
             loss_fn = default_loss_recipe(out)
@@ -200,28 +204,33 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
             with preserved_state(model):
                 state = list(_state(model))
                 before = [t._version for _, t in state]
+                if tracer == "export":
+                    raise TraceError("the export tracer was asked for")
                 gm = fx.symbolic_trace(step)
                 written = [name for (name, t), v in zip(state, before) if t._version != v]
             if written:
                 # fx ran the write on the real tensor while tracing and recorded nothing
                 raise TraceError(f"symbolic trace wrote {written[0]!r} in place outside the "
                                  f"graph")
-            tracer = "fx"
+            used = "fx"
             _check_fx_outputs(gm, out_spec)
         except Exception as e:  # noqa: BLE001 - any failure means: try the other tracer
             fx_error = usercode.first_line(e)
+            if tracer == "fx":
+                raise TraceError(f"could not trace {type(model).__name__} with "
+                                 f"torch.fx.symbolic_trace: {fx_error}") from e
             # torch.export bakes the devices it sees into the graph (``arange(device=...)``,
             # ``_assert_tensor_metadata``): a model on the meta device is exported with its
             # fakes in place, on the device the fake step runs on, then given its own back
             swap = fake is not None and _on_meta(model)
             try:
-                with (preserved_state(model), usercode.export_quietly(),
+                with (preserved_state(model), usercode.export_quietly(), _choices(answers, False),
                       fake.swapped(step) if swap else contextlib.nullcontext()):
                     ep = torch.export.export(step, inputs, strict=False)
                 gm = ep.module()
                 if swap:
                     fake.put_back(gm)
-                tracer = "export"
+                used = "export"
             except Exception as e2:  # noqa: BLE001
                 failed = (f"torch.fx.symbolic_trace failed with {fx_error}; torch.export failed "
                           f"with {usercode.first_line(e2)}{usercode.where(e2)}")
@@ -239,14 +248,14 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
                     "shapes, not tensor values; use torch.where), move it into the loss via "
                     "loss_fn=..., or wrap the model so it returns tensors only") from e2
     kept = [module_path(n) for n in model_nodes(gm) if n.op == "call_module"]  # fx's leaves
-    info = TraceInfo(tracer=tracer, out_spec=out_spec, loss_fn=loss_fn,
+    info = TraceInfo(tracer=used, out_spec=out_spec, loss_fn=loss_fn,
                      fallback_reason=fx_error, training=model.training,
                      input_specs=input_specs(inputs), constants=input_constants(inputs),
                      autocast=autocast_state(), user_checkpoints=tuple(watch.checkpoints),
                      unfired_hooks=usercode.unfired_hooks(model, watch.called, kept))
     _classify(gm, info)
     gm.meta["scheduler"] = info
-    usercode.warn_user_code(type(model).__name__, tracer, watch.checkpoints, info.unfired_hooks)
+    usercode.warn_user_code(type(model).__name__, used, watch.checkpoints, info.unfired_hooks)
     return gm
 
 
