@@ -7,9 +7,9 @@ the model into a `Plan`; ``solve_graph`` is the torch-free middle step on a `Cos
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import numbers
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +20,8 @@ import torch.nn as nn
 
 from .budget import budget_spec, infeasible_error, parse_budget
 from .capture.calls import call_inputs
+from .capture.eager_choices import eager_choices
 from .capture.profile import check_profile_options, profile_step, trace_without_running
-from .capture.usercode import UserCodeWarning
 from .cost.compiled import check_execution, costs_for
 from .cost.estimate import Estimate
 from .cost.simulate import simulate
@@ -33,14 +33,13 @@ from .report import plot_timeline
 from .rewrite import check_on_fallback, rewrite
 from .solvers.base import INFEASIBLE, SolveResult, get_solver
 from .solvers.stash import solve_with_rng_stash
+from .step_checks import INPUT_SHAPES, check_shapes, input_shapes, own_peak
+from .units import (UnitChoice, called_once, find_units, gives_positions, rewrite_units,
+                    without_cache)
 from .quantities import check_time_limit, format_bytes, format_seconds
 
 __all__ = ["INPUT_SHAPES", "Plan", "apply", "input_shapes", "solve", "solve_graph"]
 
-#: The key of ``schedule.meta`` where `solve` records the input shapes it solved for (one
-#: entry per leaf of the inputs: a tensor's shape as a list, None for a non-tensor), which
-#: `apply` checks where a schedule has no fingerprint.
-INPUT_SHAPES = "input_shapes"
 
 
 @dataclass(eq=False, repr=False)
@@ -65,6 +64,8 @@ class Plan:
         own_peak_bytes: for a model that calls ``torch.utils.checkpoint`` itself (which the
             plan replaces), the measured peak of its own step with that checkpointing; else
             None.
+        units: the submodules the plan takes over and why (`units.UnitChoice`; no paths:
+            the whole step is one traced graph).
     """
 
     module: nn.Module
@@ -78,6 +79,7 @@ class Plan:
     budget_bytes: int
     unconstrained_peak_bytes: int = field(default=0)
     own_peak_bytes: int | None = None
+    units: UnitChoice = field(default=UnitChoice((), ""))
 
     def save(self, path: str | Path) -> None:
         """Write the schedule as JSON, to re-apply later with `scheduler.apply`."""
@@ -133,6 +135,10 @@ class Plan:
             f"  recompute       {format_seconds(e.recompute_s)} "
             f"(+{e.overhead:.1%} of the step, {format_seconds(e.step_s)} in all)",
             f"  regions         {len(self.schedule.regions)} ({rc} recomputed)",
+            "  runs            " + (f"inside the model's own forward, in its units: "
+                                    f"{self.units.why}" if self.units.paths else
+                                    "one traced graph of the whole step"
+                                    + (f" ({self.units.why})" if self.units.why else "")),
             *([f"  time model      {self.schedule.meta['execution']} (what a replay costs "
                f"under torch.compile; the peak is the eager step's)"]
               if self.schedule.meta.get("execution", "eager") != "eager" else []),
@@ -188,42 +194,8 @@ def apply(model: nn.Module, schedule: Schedule | str | Path,
     # (a schedule of another model fails here)
     module = rewrite(gm, schedule, model, on_fallback=on_fallback)
     if not schedule.fingerprint:
-        _check_shapes(schedule, input_shapes(gm), type(model).__name__)
+        check_shapes(schedule, input_shapes(gm), type(model).__name__)
     return module
-
-
-def input_shapes(gm: Any) -> list[list[int] | None]:
-    """The input shapes a traced step was traced with, as `INPUT_SHAPES` records them."""
-    return [None if spec is None else list(spec[0])
-            for spec in gm.meta["scheduler"].input_specs]
-
-
-def _check_shapes(schedule: Schedule, shapes: list[list[int] | None], model: str) -> None:
-    """Warn where a schedule without a fingerprint is applied at input shapes other than
-    the ones it was solved for (`INPUT_SHAPES`), or where nothing says which those were: its
-    memory was predicted for them, so at another batch size the budget no longer holds."""
-    recorded = schedule.meta.get(INPUT_SHAPES)
-    if recorded is None:
-        warnings.warn(
-            f"the schedule has no fingerprint and records no input shapes, so applying it to "
-            f"{model} with input shapes {_shapes(shapes)} cannot be checked: its predicted "
-            f"memory holds only for the shapes it was solved for; solve again for these "
-            f"shapes, or keep the fingerprint that `plan.save` writes", UserWarning,
-            stacklevel=3)
-    elif recorded != shapes:
-        budget = schedule.budget_bytes
-        within = f" within {format_bytes(budget)}" if isinstance(budget, int) else ""
-        warnings.warn(
-            f"the schedule was solved for input shapes {_shapes(recorded)}, but {model} is "
-            f"given {_shapes(shapes)}: its predicted memory{within} holds only for the shapes "
-            f"it was solved for; solve again for these shapes", UserWarning, stacklevel=3)
-
-
-def _shapes(shapes: Any) -> str:
-    """Tensor shapes as people read them: ``(8, 3, 32, 32), (8,)``."""
-    if not isinstance(shapes, list):
-        return repr(shapes)
-    return ", ".join(repr(tuple(s)) if isinstance(s, list) else repr(s) for s in shapes) or "()"
 
 
 def solve_graph(graph: CostGraph, budget: int | float | str, *, solver: str = "auto",
@@ -285,7 +257,7 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
           progress: Callable[[str], None] | None = None, mode: str = "auto",
           times: str | None = None, device: str | torch.device | None = None,
           device_spec: Any = None, small_inputs: Sequence[Any] | None = None,
-          execution: str = "eager", on_fallback: str = "warn") -> Plan:
+          execution: str = "eager", on_fallback: str = "warn", units: Any = None) -> Plan:
     """Find the checkpointing schedule with the least recompute time whose predicted peak
     memory fits ``budget``, and apply it.
 
@@ -327,7 +299,18 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
         on_fallback: what a training call of ``plan.module`` that cannot run the plan does:
             ``"warn"`` (default: the model's own forward runs, with a warning at its 1st,
             10th, 100th, ... such step) or ``"raise"`` (`rewrite.PlanFallbackError`); the
-            counts are ``plan.module.forward.planned_steps`` and ``.fallback_steps``.
+            counts are ``plan.module.forward.planned_steps`` and ``.fallback_steps``
+            (for a units plan, `units.units_plan` ``(plan.module).planned_calls`` and
+            ``.fallback_calls``).
+        units: the submodules the plan takes over (`units.find_units`): ``"auto"`` (the
+            repeated blocks, a Hugging Face model's ``_no_split_modules``, modules wrapped by
+            ``fully_shard``), a module class, a glob of module paths, a predicate ``(path,
+            module) -> bool``; or None (default, for now) for one traced graph of the whole
+            step. With units, ``plan.module`` runs the model's own ``forward`` (its
+            signature, masks, hooks: what ``transformers.Trainer`` needs) and each unit's
+            regions inside its calls (`units.runtime`), and the step is profiled as the
+            model runs it eagerly; without, the traced step replaces the forward
+            (`rewrite.rewrite`). ``plan.units`` says which and why.
 
     Returns:
         A `Plan`: ``plan.module``, ``plan.estimate``, ``plan.status``, ``plan.save(path)``.
@@ -351,9 +334,17 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     get_solver(solver)
     check_profile_options(mode, times, device_spec)
     say = progress or (lambda _msg: None)
-    gm, graph, inputs = profile_step(model, example_inputs, loss_fn=loss_fn, repeats=repeats,
-                                     progress=say, mode=mode, times=times, device=device,
-                                     device_spec=device_spec, small_inputs=small_inputs)
+    choice = find_units(model, units)
+    unpacked = not gives_positions(model, example_inputs)
+    with eager_choices(unpacked=unpacked) if choice.paths else contextlib.nullcontext():
+        gm, graph, inputs = profile_step(
+            model, without_cache(model, example_inputs) if choice.paths else example_inputs,
+            loss_fn=loss_fn, repeats=repeats, progress=say, mode=mode, times=times,
+            device=device, device_spec=device_spec, small_inputs=small_inputs)
+    choice = called_once(graph, choice)
+    if choice.paths:
+        say(f"units: {choice.why}")
+        graph = dataclasses.replace(graph, units=choice.paths)
     say(f"solving with {solver}")
     result = solve_graph(graph, budget, solver=solver, time_limit_s=time_limit_s,
                          headroom=headroom, execution=execution)
@@ -368,31 +359,16 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     result = dataclasses.replace(result, schedule=stamped)
     unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
     budget_bytes = parse_budget(budget, unconstrained)
-    own = (_own_peak(gm, model, inputs, budget_bytes, result.estimate, say)
+    own = (own_peak(gm, model, inputs, budget_bytes, result.estimate, say)
            if graph.meta.get("profile", {}).get("mode") != "fake" else None)
-    return Plan(module=rewrite(gm, result.schedule, model, on_fallback=on_fallback),
+    if choice.paths:
+        module = rewrite_units(model, graph, result.schedule, tracer=gm.meta["scheduler"].tracer,
+                               why=choice.why, on_fallback=on_fallback)
+    else:
+        module = rewrite(gm, result.schedule, model, on_fallback=on_fallback)
+    return Plan(module=module, units=choice,
                 schedule=result.schedule,
                 estimate=result.estimate, status=result.status, gap=result.gap,
                 solve_s=result.solve_s, graph=graph, result=result,
                 budget_bytes=budget_bytes, unconstrained_peak_bytes=unconstrained,
                 own_peak_bytes=own)
-
-
-def _own_peak(gm: Any, model: nn.Module, inputs: tuple[Any, ...], budget_bytes: int,
-              estimate: Estimate, say: Callable[[str], None]) -> int | None:
-    """For a model that checkpoints itself, measure its own step's peak (it runs: the user
-    trains it) and warn with it beside the plan's budget, so that a fraction of the peak
-    without checkpointing is not mistaken for one of the model's real peak."""
-    info = gm.meta["scheduler"]
-    if not info.user_checkpoints:
-        return None
-    say("measuring the model with its own checkpointing")
-    own = measure(model, inputs, loss_fn=info.loss_fn, repeats=1).peak_bytes
-    warnings.warn(
-        f"{type(model).__name__} with its own checkpointing measured a peak of "
-        f"{format_bytes(own)}; the plan replaces that checkpointing, with a budget of "
-        f"{format_bytes(budget_bytes)} ({budget_bytes / own:.0%} of it) and a predicted peak of "
-        f"{format_bytes(estimate.peak_bytes)} ({estimate.peak_bytes / own:.0%}). Give the budget "
-        f"in bytes, or as a fraction of {format_bytes(own)}, to plan against what your model "
-        f"uses now", UserCodeWarning, stacklevel=3)
-    return own

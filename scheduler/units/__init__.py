@@ -1,0 +1,10 @@
+"""Units: the submodules whose calls a plan takes over, the rest of the step being the user's
+own ``forward`` (`find` chooses them, `runtime` runs them, `step` fits a profiled step to
+them)."""
+
+from .find import UnitChoice, find_units
+from .runtime import UnitForward, UnitsPlan, rewrite_units, units_plan
+from .step import called_once, gives_positions, without_cache
+
+__all__ = ["UnitChoice", "UnitForward", "UnitsPlan", "called_once", "find_units", "gives_positions",
+           "rewrite_units", "units_plan", "without_cache"]

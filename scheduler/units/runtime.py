@@ -1,0 +1,329 @@
+"""The planned module of a units plan: the user's model, its own ``forward`` running as
+written, with each planned unit replaced by a copy whose ``forward`` runs the unit's regions.
+
+`rewrite_units` copies the model object (`capture.calls.module_copy`: the same class and
+parameters, its own dictionaries) and, along the path to each unit with a recompute region,
+the modules that hold it, so that the user's model is never modified. The unit's copy is still
+called as a module (``unit(*args, **kwargs)`` from the model's code): its hooks, FSDP2's
+unshard and reshard among them, run as they would. Its ``forward`` is a `UnitForward`:
+
+* a training call (gradients on, training mode) traces the unit once per call signature
+  (the tensor arguments' shapes and dtypes, the other arguments' values, autocast), with the
+  arguments it really receives and the tracer the step was profiled with, checks that the
+  trace has the ops, in order, of the unit's call in the profiled step, and runs them under
+  the unit's regions (`regions.CheckpointedStep`, parameters read live from the unit);
+* anything else (gradients off, eval mode) runs the unit's own ``forward``;
+* a training call whose trace differs from the profiled call runs the unit's own forward
+  and warns, as a whole-graph plan's fallback does (`rewrite.PlanForward`); with
+  ``on_fallback="raise"`` it raises `rewrite.PlanFallbackError`.
+
+As Hugging Face's own gradient checkpointing does, a training call drops a key/value cache
+(``use_cache``, ``cache``, ``past_key_values``, ``layer_past``) with a warning, once; and a
+model whose Hugging Face gradient checkpointing is switched on (``Trainer(
+gradient_checkpointing=True)``) is refused with one line, since the plan is the checkpointing.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+from torch.utils import _pytree as pytree
+
+from ..capture.calls import autocast_state, input_specs, module_copy
+from ..capture.fingerprint import target_str
+from ..capture.trace import MODEL_ATTR, model_nodes, trace
+from ..ir.graph import CostGraph
+from ..ir.region import Region, ScheduleError
+from ..ir.replays import check, unit_calls
+from ..ir.schedule import Schedule
+from ..regions import CheckpointedStep
+from ..rewrite import MAX_TRACES, PlanFallbackError, check_on_fallback
+
+__all__ = ["UnitForward", "UnitsPlan", "rewrite_units", "units_plan"]
+
+#: keyword arguments holding a key/value cache, dropped in training (Hugging Face's names)
+CACHE_KWARGS = {"use_cache": False, "cache": None, "past_key_values": None, "layer_past": None}
+
+
+class UnitsPlan:
+    """What a units plan's module carries (``units_plan(module)``): the units, their
+    `UnitForward`s by path, and the counts over them.
+
+    Attributes:
+        schedule: the `Schedule` over the profiled step.
+        why: why these units (`find.UnitChoice.why`).
+        forwards: ``{unit path: UnitForward}`` of the units that have a recompute region.
+    """
+
+    def __init__(self, schedule: Schedule, why: str, forwards: dict[str, "UnitForward"]):
+        self.schedule, self.why, self.forwards = schedule, why, forwards
+
+    @property
+    def planned_calls(self) -> int:
+        """Training calls of the planned units that ran their regions."""
+        return sum(f.planned_steps for f in self.forwards.values())
+
+    @property
+    def fallback_calls(self) -> int:
+        """Training calls of the planned units that ran the unit's own forward instead."""
+        return sum(f.fallback_steps for f in self.forwards.values())
+
+    @property
+    def on_fallback(self) -> str:
+        return next(iter(self.forwards.values())).on_fallback if self.forwards else "warn"
+
+    @on_fallback.setter
+    def on_fallback(self, value: str) -> None:
+        for f in self.forwards.values():
+            f.on_fallback = check_on_fallback(value)
+
+    def __repr__(self) -> str:
+        return (f"UnitsPlan({len(self.forwards)} planned units, {self.planned_calls} planned "
+                f"calls, {self.fallback_calls} fallback calls)")
+
+
+def units_plan(module: nn.Module) -> UnitsPlan | None:
+    """The `UnitsPlan` of a module `rewrite_units` returned (None for any other module)."""
+    got = module.__dict__.get("_scheduler_units") if isinstance(module, nn.Module) else None
+    return got if isinstance(got, UnitsPlan) else None
+
+
+def rewrite_units(model: nn.Module, graph: CostGraph, schedule: Schedule, *, tracer: str,
+                  why: str = "", on_fallback: str = "warn") -> nn.Module:
+    """The planned copy of ``model`` for ``schedule`` over ``graph``, a step profiled with
+    units (`CostGraph.units`): the model's own forward, and each unit with a recompute region
+    replaced by a copy that runs it (module docstring). ``tracer``: the tracer the step was
+    traced with (``"fx"`` or ``"export"``), which the units are traced with too.
+
+    Raises:
+        ScheduleError: a recompute region leaves its unit's call, or a unit with a recompute
+            region is called more than once in the step.
+    """
+    check_on_fallback(on_fallback)
+    check(graph, schedule)
+    names = graph.compute_nodes
+    pos = {n: i for i, n in enumerate(names)}
+    calls: dict[str, list[tuple[int, int]]] = {}
+    for path, a, b in unit_calls(graph):
+        calls.setdefault(path, []).append((a, b))
+    root = module_copy(model)
+    copies: dict[str, nn.Module] = {"": root}
+    forwards: dict[str, UnitForward] = {}
+    once: set[str] = set()  # warnings said once for the whole plan
+    for path, spans in calls.items():
+        a, b = spans[0]
+        inside = set(names[a:b])
+        # (keep regions may run across a unit's edges: clipped to its call, they keep)
+        regions = [r if r.policy != "keep" else Region("keep", tuple(n for n in r.nodes
+                                                                      if n in inside))
+                   for r in schedule.regions if inside.intersection(r.nodes)]
+        if not any(r.policy != "keep" for r in regions):
+            continue
+        if len(spans) > 1:
+            raise ScheduleError(
+                f"unit {path!r} is called {len(spans)} times in the step and has a recompute "
+                "region: a unit's plan is for one call; name units called once (units=...)")
+        rel = {n: f"#{pos[n] - a}" for n in names[a:b]}
+        ops = tuple(_op(graph.nodes[graph.index(n)].op, graph.nodes[graph.index(n)].target,
+                        path) for n in names[a:b])
+        unit = _copy_path(copies, path)
+        fwd = UnitForward(unit, tuple(_renamed(r, rel) for r in regions), ops, tracer,
+                          path=path, on_fallback=on_fallback, once=once)
+        unit.__dict__["forward"] = fwd
+        forwards[path] = fwd
+    root.__dict__["_scheduler_units"] = UnitsPlan(schedule, why, forwards)
+    for name in ("gradient_checkpointing_enable", "activation_checkpointing_enable"):
+        if callable(getattr(model, name, None)):
+            root.__dict__[name] = _refuse_hf_checkpointing
+    return root
+
+
+def _refuse_hf_checkpointing(*args: Any, **kwargs: Any) -> None:
+    raise ValueError(
+        "this model runs a checkpointing plan (scheduler.solve), which is its gradient "
+        "checkpointing: Hugging Face's would checkpoint on top of it. Train without "
+        "gradient_checkpointing (TrainingArguments(gradient_checkpointing=False), the default)")
+
+
+def _copy_path(copies: dict[str, nn.Module], path: str) -> nn.Module:
+    """A copy of the module at ``path`` installed in the copied tree, copying its parents
+    that are not copies yet (``copies`` maps the paths copied so far)."""
+    parts = path.split(".")
+    for i in range(1, len(parts) + 1):
+        here = ".".join(parts[:i])
+        if here not in copies:
+            parent = copies[".".join(parts[:i - 1])]
+            copies[here] = module_copy(parent._modules[parts[i - 1]])
+            parent._modules[parts[i - 1]] = copies[here]
+    return copies[path]
+
+
+def _renamed(r: Region, rel: dict[str, str]) -> Region:
+    return Region(r.policy, tuple(rel[n] for n in r.nodes), frozenset(rel[n] for n in r.save),
+                  tuple(_renamed(x, rel) for x in r.inner))
+
+
+def _op(op: str, target: str, path: str) -> tuple[str, str]:
+    """A node's op and target as a unit's own trace names it (a module target relative to
+    the unit)."""
+    if op == "call_module":  # (the traced wrapper holds the model as `MODEL_ATTR`)
+        target = target.removeprefix(MODEL_ATTR + ".").removeprefix(path + ".")
+    return op, target
+
+
+class _UnitCall(nn.Module):
+    """What a unit's trace traces: the unit's own forward (no hooks: its copy's ``__call__``
+    runs those) on one call's arguments, the tensor leaves as positional inputs."""
+
+    def __init__(self, unit: nn.Module, forward: Callable[..., Any], spec: Any,
+                 consts: tuple[Any, ...]):
+        super().__init__()
+        self.unit = unit
+        self._call = (forward, spec, consts)
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        forward, spec, consts = self._call
+        it = iter(tensors)
+        leaves = [next(it) if c is _TENSOR else c for c in consts]
+        args, kwargs = pytree.tree_unflatten(leaves, spec)
+        return forward(self.unit, *args, **kwargs)
+
+
+_TENSOR = object()  # a tensor leaf's place among a call's constants
+
+
+class UnitForward:
+    """The ``forward`` of a planned unit's copy (module docstring).
+
+    Attributes:
+        path: the unit's module path in the model.
+        regions: the unit's regions, nodes named by position (``"#0"``, ``"#1"``, ...).
+        planned_steps, fallback_steps: training calls that ran the regions, and that ran
+            the unit's own forward instead.
+        on_fallback: ``"warn"`` or ``"raise"``.
+    """
+
+    def __init__(self, unit: nn.Module, regions: tuple[Region, ...],
+                 ops: tuple[tuple[str, str], ...], tracer: str, *, path: str,
+                 on_fallback: str = "warn", once: set[str] | None = None):
+        self.module, self.regions, self.ops, self.tracer = unit, regions, ops, tracer
+        self.path = path
+        base = unit.__dict__.get("forward")
+        self.base = base if base is not None else type(unit).forward
+        self._bound = base is not None
+        self._steps: dict[Any, CheckpointedStep | str] = {}
+        self._warned: set[str] = set()
+        self._once = once if once is not None else set()  # shared by the plan's units
+        self.planned_steps = self.fallback_steps = 0
+        self.on_fallback = check_on_fallback(on_fallback)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(vars(self))
+        state["_steps"], state["_warned"] = {}, set()  # (traced graphs do not copy or pickle)
+        return state
+
+    def __repr__(self) -> str:  # noqa: D105
+        rc = sum(r.policy != "keep" for r in self.regions)
+        return f"UnitForward({self.path!r}, {len(self.regions)} regions, {rc} recomputed)"
+
+    def own(self, *args: Any, **kwargs: Any) -> Any:
+        """The unit's own forward."""
+        if self._bound:
+            return self.base(*args, **kwargs)
+        return self.base(self.module, *args, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not (torch.is_grad_enabled() and self.module.training):
+            return self.own(*args, **kwargs)
+        if getattr(self.module, "gradient_checkpointing", False):
+            _refuse_hf_checkpointing()
+        kwargs = self._without_cache(kwargs)
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        tensors = tuple(x for x in leaves if isinstance(x, torch.Tensor))
+        consts = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
+        key = (str(spec), tuple(_key(c) for c in consts), input_specs(tensors),
+               autocast_state())
+        step = self._steps.get(key)
+        if step is None:
+            step = (self._trace(spec, consts, tensors) if len(self._steps) < MAX_TRACES else
+                    f"it was called with more than {MAX_TRACES} distinct signatures")
+            self._steps[key] = step
+        if isinstance(step, str):
+            self._fall_back(step)
+            return self.own(*args, **kwargs)
+        if not torch.compiler.is_compiling():
+            self.planned_steps += 1
+        return step(tensors)
+
+    def _without_cache(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        dropped = [k for k in CACHE_KWARGS if kwargs.get(k) not in (None, False)]
+        if not dropped:
+            return kwargs
+        if "cache" not in self._once:
+            self._once.add("cache")
+            warnings.warn(
+                f"the plan's units (first {self.path!r}) were called with a key/value cache "
+                f"in training ({', '.join(dropped)}); the plan runs them without one, as "
+                "Hugging Face's gradient checkpointing does (set use_cache=False to silence "
+                "this)",
+                UserWarning, stacklevel=3)
+        return {k: (CACHE_KWARGS[k] if k in dropped else v) for k, v in kwargs.items()}
+
+    @torch.compiler.disable
+    def _trace(self, spec: Any, consts: tuple[Any, ...], tensors: tuple[torch.Tensor, ...]
+               ) -> CheckpointedStep | str:
+        forward = self.base if not self._bound else (lambda unit, *a, **k: self.base(*a, **k))
+        call = _UnitCall(self.module, forward, spec, consts)
+        try:
+            gm = trace(call, tensors, tracer=self.tracer)
+        except RuntimeError as e:
+            return f"the unit could not be traced at this call ({_first_line(e)})"
+        info = gm.meta["scheduler"]
+        nodes = [n for n in model_nodes(gm) if n.name not in info.loss_nodes]
+        got = tuple(_op(n.op, target_str(n), "unit") for n in nodes)
+        if got != self.ops:
+            at = next((i for i, (x, y) in enumerate(zip(got, self.ops)) if x != y),
+                      min(len(got), len(self.ops)))
+            return (f"at this call the unit traces to other ops than its call in the profiled "
+                    f"step ({len(got)} against {len(self.ops)}; first difference at op {at}: "
+                    f"{got[at][1] if at < len(got) else None!r} against "
+                    f"{self.ops[at][1] if at < len(self.ops) else None!r}); solve for the "
+                    "inputs you train with")
+        rel = {f"#{i}": n.name for i, n in enumerate(nodes)}
+        try:
+            return CheckpointedStep(gm, Schedule([_renamed(r, rel) for r in self.regions]),
+                                    root=call)
+        except ScheduleError as e:
+            return f"the unit's regions do not run at this call ({_first_line(e)})"
+
+    def _fall_back(self, why: str) -> None:
+        if not torch.compiler.is_compiling():
+            self.fallback_steps += 1
+        n = self.fallback_steps
+        message = (f"unit {self.path!r} runs its own forward, not the checkpointed plan: "
+                   f"{why}. It computes the same values, but its memory is not what the plan "
+                   "predicted")
+        if self.on_fallback == "raise":
+            raise PlanFallbackError(message + " (on_fallback='raise')")
+        if n == 10 ** (len(str(n)) - 1) or why not in self._warned:
+            self._warned.add(why)
+            warnings.warn(f"{message}; {n} call(s) of it have run unplanned so far, "
+                          f"{self.planned_steps} planned (pass on_fallback='raise' to stop "
+                          "instead)", RuntimeWarning, stacklevel=3)
+
+
+def _key(c: Any) -> Any:
+    if c is _TENSOR:
+        return "<tensor>"
+    try:
+        hash(c)
+    except TypeError:
+        return repr(c)
+    return (type(c), c)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]

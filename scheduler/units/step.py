@@ -1,0 +1,65 @@
+"""A profiled step fitted to its units: the inputs it is profiled with (`without_cache`) and
+the units it keeps (`called_once`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch.nn as nn
+
+from ..ir.graph import CostGraph
+from ..ir.replays import unit_calls
+from .find import UnitChoice
+
+__all__ = ["called_once", "gives_positions", "without_cache"]
+
+
+def gives_positions(model: nn.Module, example_inputs: Any) -> bool:
+    """Whether the example inputs give the model ``position_ids`` (else a Hugging Face model
+    makes them, one sequence per row: `capture.trace.eager_choices`' ``unpacked``)."""
+    if isinstance(example_inputs, Mapping):
+        return example_inputs.get("position_ids") is not None
+    try:
+        bound = inspect.signature(model.forward).bind_partial(*example_inputs)
+    except (TypeError, ValueError):
+        return True
+    return bound.arguments.get("position_ids") is not None
+
+
+def without_cache(model: nn.Module, example_inputs: Any) -> Any:
+    """Keyword inputs with ``use_cache=False`` added where the model's ``forward`` takes
+    ``use_cache`` and they do not set it: a Hugging Face config defaults to ``use_cache=True``,
+    whose cache no tracer can return, and which the units drop in training anyway (as
+    Hugging Face's gradient checkpointing does), so the step profiled is the one that runs."""
+    if not isinstance(example_inputs, Mapping) or "use_cache" in example_inputs:
+        return example_inputs
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return example_inputs
+    if "use_cache" not in params:
+        return example_inputs
+    return {**example_inputs, "use_cache": False}
+
+
+def called_once(graph: CostGraph, choice: UnitChoice) -> UnitChoice:
+    """``choice`` less the units the profiled step calls more than once (a shared module:
+    its plan would be for one call) or never; no units at all when fewer than two remain
+    (the whole-graph plan then has the larger space), with the reason in ``why``."""
+    if not choice.paths:
+        return choice
+    probe = dataclasses.replace(graph, units=choice.paths)
+    counts: dict[str, int] = {}
+    for path, _, _ in unit_calls(probe):
+        counts[path] = counts.get(path, 0) + 1
+    keep = tuple(p for p in choice.paths if counts.get(p) == 1)
+    shared = [p for p in choice.paths if counts.get(p, 0) > 1]
+    note = (f"; {len(shared)} called more than once left to the model's code ({shared[0]}, ...)"
+            if shared else "")
+    if len(keep) < 2:
+        return UnitChoice((), f"{choice.why}, but fewer than two are called once in the step"
+                              f"{note}: one traced graph for the whole step")
+    return UnitChoice(keep, choice.why + note)

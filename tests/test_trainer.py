@@ -1,0 +1,80 @@
+"""A units plan trained by Hugging Face's own `Trainer`, with default arguments: the plan's
+units run at every step, and losses, evaluation and the saved weights equal a `Trainer` run
+of the unmodified model (bit for bit, same seed)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import scheduler
+from scheduler.units import units_plan
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+STEPS = 5
+
+
+def _data(n: int, seq: int = 32) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(n):
+        x = torch.randint(0, 128, (seq,), generator=g)
+        rows.append({"input_ids": x, "labels": x.clone()})
+    return rows
+
+
+def _run(model: torch.nn.Module, out: Path) -> tuple[Any, list[float], dict[str, float]]:
+    args = transformers.TrainingArguments(
+        output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=2,
+        per_device_eval_batch_size=2, logging_steps=1, save_strategy="no", report_to=[],
+        use_cpu=True, disable_tqdm=True)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_data(16),
+                                   eval_dataset=_data(4))
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return trainer, losses, trainer.evaluate()
+
+
+def test_trainer_with_default_arguments_runs_the_plan(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(  # a stock config, only sizes changed (use_cache=True)
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.1)
+    model = transformers.LlamaForCausalLM(cfg)
+    plain = copy.deepcopy(model)
+    ours = copy.deepcopy(model).train()
+    x = torch.stack([r["input_ids"] for r in _data(2)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = scheduler.solve(ours, {"input_ids": x, "labels": x}, budget=0.75,
+                               time_limit_s=10, units="auto")
+    units = units_plan(plan.module)
+    assert units is not None and units.forwards
+
+    _, want, want_eval = _run(plain, tmp_path / "plain")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a unit that falls back fails here
+        trainer, got, got_eval = _run(plan.module, tmp_path / "plan")
+    assert len(got) == STEPS
+    assert got == want
+    assert got_eval["eval_loss"] == want_eval["eval_loss"]
+    assert units.planned_calls == STEPS * len(units.forwards)
+    assert units.fallback_calls == 0
+
+    plan.module.save_pretrained(tmp_path / "saved_plan")
+    plain.save_pretrained(tmp_path / "saved_plain")
+    a = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "saved_plan").state_dict()
+    b = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "saved_plain").state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    with pytest.raises(ValueError, match="gradient_checkpointing=False"):
+        transformers.Trainer(model=plan.module, args=transformers.TrainingArguments(
+            output_dir=str(tmp_path / "gc"), max_steps=1, gradient_checkpointing=True,
+            report_to=[], use_cpu=True), train_dataset=_data(2)).train()

@@ -1,0 +1,193 @@
+"""Units: the plan runs inside the model's own forward, taking over its repeated blocks.
+
+Checked against independent references: the unmodified model's loss and gradients (bit for
+bit), hooks counted as they fire, module paths read from the model, measured peaks."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.nn as nn
+
+import scheduler
+from scheduler.ir.region import KEEP, RECOMPUTE, Region, ScheduleError
+from scheduler.ir.replays import check, legalize, unit_calls
+from scheduler.ir.schedule import Schedule
+from scheduler.measurement.step import measure
+from scheduler.units import find_units, units_plan
+
+transformers = pytest.importorskip("transformers")
+
+
+def tiny_llama(layers: int = 4, **kw: Any) -> nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        attn_implementation="sdpa", **kw)
+    return transformers.LlamaForCausalLM(cfg).train()
+
+
+def gpt() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    from examples import gpt as example
+    return example.build(batch=2, block_size=32, n_layer=3, n_embd=64, vocab_size=128)
+
+
+def same_step(model: nn.Module, planned: nn.Module, call: Callable[[nn.Module], torch.Tensor]
+              ) -> None:
+    """The planned module's loss and every gradient equal the unmodified model's, bit for
+    bit, from the same RNG state."""
+    ref = copy.deepcopy(model)
+    torch.manual_seed(1)
+    want = call(ref)
+    want.backward()
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(1)
+    got = call(planned)
+    got.backward()
+    assert torch.equal(want, got)
+    for (name, a), b in zip(ref.named_parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad), name
+
+
+@pytest.fixture(scope="module")
+def llama_plans() -> dict[str, Any]:
+    """A tiny Hugging Face Llama from a stock config (use_cache=True, as every config has)
+    and its plans at two budgets."""
+    model = tiny_llama()
+    x = torch.randint(0, 128, (2, 64), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": x, "labels": x}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plans = {f: scheduler.solve(model, batch, budget=f, time_limit_s=10, units="auto")
+                 for f in (0.85, 0.7)}
+    return {"model": model, "batch": batch, "plans": plans}
+
+
+def test_find_units_auto_and_named() -> None:
+    model = tiny_llama(layers=3)
+    auto = find_units(model)
+    assert auto.paths == ("model.layers.0", "model.layers.1", "model.layers.2")
+    assert "_no_split_modules" in auto.why
+    layer = type(model.model.layers[0])
+    assert find_units(model, layer).paths == auto.paths
+    assert find_units(model, "model.layers.*").paths == auto.paths
+    assert find_units(model, ["model.layers.1", "model.norm"]).paths == (
+        "model.layers.1", "model.norm")
+    assert find_units(model, lambda p, m: p.endswith("mlp")).paths == tuple(
+        f"model.layers.{i}.mlp" for i in range(3))
+    assert find_units(model, None).paths == ()
+    g, _ = gpt()
+    assert find_units(g).paths == tuple(f"transformer.h.{i}" for i in range(3))
+    assert "ModuleList" in find_units(g).why
+    cnn = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3))
+    assert find_units(cnn).paths == ()  # not identical children: whole-graph plan
+    with pytest.raises(ValueError, match="matches no submodule"):
+        find_units(model, "layers.*")
+    with pytest.raises(ValueError, match="is not understood"):
+        find_units(model, 3)
+
+
+def test_llama_plans_run_inside_the_models_forward(llama_plans: dict[str, Any]) -> None:
+    """Every step runs the units' regions (counted), loss and gradients equal the model's,
+    every recompute region lies in one layer, and the model itself is untouched."""
+    model, batch = llama_plans["model"], llama_plans["batch"]
+    layers = list(model.model.layers)
+    for frac, plan in llama_plans["plans"].items():
+        assert plan.units.paths == tuple(f"model.layers.{i}" for i in range(4))
+        assert "inside the model's own forward" in plan.summary()
+        # the model's own forward: its signature, for Trainer's column filter
+        assert "forward" not in plan.module.__dict__
+        for r in plan.schedule.recompute_regions:
+            paths = {plan.graph.node(n).module_path for n in r.nodes}
+            units = {p.split(".")[2] if p.startswith("model.layers.") else None for p in paths}
+            assert len(units) == 1 and None not in units, (frac, paths)
+        units = units_plan(plan.module)
+        assert units is not None and units.forwards
+        before = units.planned_calls
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # no fallback
+            same_step(model, plan.module, lambda m: m(**batch).loss)
+        assert units.planned_calls - before == len(units.forwards)
+        assert units.fallback_calls == 0
+    assert list(model.model.layers) == layers
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_units_plan_peak_is_the_eager_models_and_within_budget(
+        llama_plans: dict[str, Any]) -> None:
+    """The profile is of the eager step: no mask that eager SDPA skips. The measured peak of
+    the unplanned model matches the plan's unscheduled prediction, and each plan's measured
+    peak is within its budget."""
+    model, batch = llama_plans["model"], llama_plans["batch"]
+    own = measure(model, batch, repeats=1, allocator=False).peak_bytes
+    for frac, plan in llama_plans["plans"].items():
+        assert abs(plan.unconstrained_peak_bytes - own) <= 0.02 * own, (frac, own)
+        got = measure(plan.module, batch, repeats=1, allocator=False).peak_bytes
+        assert got <= plan.budget_bytes, (frac, got, plan.budget_bytes)
+
+
+def test_hooks_fire_once_per_training_call(llama_plans: dict[str, Any]) -> None:
+    model, batch = llama_plans["model"], llama_plans["batch"]
+    plan = llama_plans["plans"][0.7]
+    planned_unit = next(iter(units_plan(plan.module).forwards))
+    fired: list[str] = []
+    mods = dict(plan.module.named_modules())
+    handles = [mods[p].register_forward_hook(lambda *a, p=p: fired.append(p))
+               for p in (planned_unit, "model.norm", "lm_head")]
+    try:
+        plan.module(**batch).loss.backward()
+    finally:
+        for h in handles:
+            h.remove()
+        for p in model.parameters():
+            p.grad = None
+    assert sorted(fired) == sorted([planned_unit, "model.norm", "lm_head"])
+
+
+def test_hf_gradient_checkpointing_on_a_plan_is_refused(llama_plans: dict[str, Any]) -> None:
+    plan = llama_plans["plans"][0.7]
+    with pytest.raises(ValueError, match="gradient_checkpointing=False"):
+        plan.module.gradient_checkpointing_enable()
+    llama_plans["model"].gradient_checkpointing_enable()  # the model's own is untouched
+    llama_plans["model"].gradient_checkpointing_disable()
+
+
+def test_gpt_units_with_dropout_match_the_model() -> None:
+    model, inputs = gpt()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = scheduler.solve(model, inputs, budget=0.8, time_limit_s=10, units="auto")
+    assert plan.units.paths and units_plan(plan.module).forwards
+    same_step(model, plan.module, lambda m: m(*inputs))
+    assert units_plan(plan.module).fallback_calls == 0
+    # whole-graph plans remain (units=None, the default)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        flat = scheduler.solve(model, inputs, budget=0.8, time_limit_s=10)  # default: None
+    assert not flat.units.paths and "forward" in flat.module.__dict__
+    same_step(model, flat.module, lambda m: m(*inputs))
+
+
+def test_regions_are_split_at_the_units(llama_plans: dict[str, Any]) -> None:
+    """A recompute region across units (or outside them) is refused by `check` and split
+    by `legalize` into one region per unit call, the model's own code kept."""
+    g = llama_plans["plans"][0.7].graph
+    names = g.compute_nodes
+    calls = unit_calls(g)
+    assert [p for p, _, _ in calls] == [f"model.layers.{i}" for i in range(4)]
+    bad = Schedule([Region(RECOMPUTE, tuple(names))])
+    with pytest.raises(ScheduleError, match="not within one call"):
+        check(g, bad)
+    fixed, moves = legalize(g, bad)
+    assert moves
+    check(g, fixed)
+    rc = [r for r in fixed.regions if r.policy == RECOMPUTE]
+    assert [(names.index(r.nodes[0]), names.index(r.nodes[-1]) + 1) for r in rc] == [
+        (a, b) for _, a, b in calls]
+    assert all(r.policy == KEEP for r in fixed.regions if r not in rc)
