@@ -362,8 +362,10 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     own = (own_peak(gm, model, inputs, budget_bytes, result.estimate, say)
            if graph.meta.get("profile", {}).get("mode") != "fake" else None)
     if choice.paths:
-        module = rewrite_units(model, graph, result.schedule, tracer=gm.meta["scheduler"].tracer,
-                               why=choice.why, on_fallback=on_fallback)
+        info = gm.meta["scheduler"]
+        module = rewrite_units(model, graph, result.schedule, tracer=info.tracer,
+                               why=choice.why, on_fallback=on_fallback, loss_fn=info.loss_fn,
+                               inputs=inputs)
     else:
         module = rewrite(gm, result.schedule, model, on_fallback=on_fallback)
     return Plan(module=module, units=choice,

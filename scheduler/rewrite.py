@@ -109,9 +109,17 @@ def rewrite(gm: fx.GraphModule, schedule: Schedule, model: nn.Module, *,
     return module
 
 
-def planned(module: nn.Module) -> "PlanForward | None":
-    """The `PlanForward` of a module `rewrite` returned (None for any other module)."""
-    fwd = module.__dict__.get("forward") if isinstance(module, nn.Module) else None
+def planned(module: nn.Module) -> Any:
+    """What runs a planned module's plan: the `PlanForward` of a module `rewrite` returned, the
+    `units.UnitsPlan` of one `units.rewrite_units` returned (None for any other module). Both
+    have ``schedule``, ``loss_fn``, ``planned_steps``, ``fallback_steps``, ``traces`` and a
+    settable ``on_fallback``."""
+    if not isinstance(module, nn.Module):
+        return None
+    units = module.__dict__.get("_scheduler_units")
+    if units is not None and hasattr(units, "forwards"):  # (`units.runtime` imports this)
+        return units
+    fwd = module.__dict__.get("forward")
     return fwd if isinstance(fwd, PlanForward) else None
 
 

@@ -37,10 +37,12 @@ from scheduler.distributed import (
     same_schedule,
 )
 from scheduler.ir.schedule import Schedule
+from scheduler.units import units_plan
 
 WORLD = 2
 BATCH, DIM = 256, 16  # activations, not parameters, dominate the peak: 60% needs recompute
 BUDGET = "60%"
+UNITS_BUDGET = "75%"  # (the units plan keeps the model's own code between blocks)
 #: the ranks solve with different solvers on purpose: their own schedules differ
 SOLVERS = ("every_block", "greedy")
 #: parameters the traced graph reads directly (get_attr), not through a called module
@@ -128,6 +130,25 @@ def _worker(rank: int, port: int, out: str) -> None:
         rec["block_check"] = _error(lambda: check_wrapping(module, called))
         rec["block_run"] = _error(lambda: module(x).backward())
 
+        # 5. per-block FSDP2 with a units plan: fully_shard each unit of plan.module, then the
+        # root (torchtitan's order), beside the same FSDP2 setup of the model without a plan
+        uplan = scheduler.solve(_net(), (x,), budget=UNITS_BUDGET, units="auto", repeats=1)
+        rec["units"] = uplan.units.paths
+        for path in uplan.units.paths:
+            fully_shard(uplan.module.get_submodule(path))
+        fully_shard(uplan.module)
+        uplan.module(x).backward()
+        rec["units_fsdp"] = _full_grads(uplan.module)
+        rec["units_counts"] = (units_plan(uplan.module).planned_calls,
+                               units_plan(uplan.module).fallback_calls,
+                               len(units_plan(uplan.module).forwards))
+        plain = _net()
+        for block in plain.blocks:
+            fully_shard(block)
+        fully_shard(plain)
+        plain(x).backward()
+        rec["plain_fsdp"] = _full_grads(plain)
+
         # a rank whose graph differs (another batch size) is named, on every rank
         rows = BATCH if rank == 0 else BATCH // 2
         rec["mismatch"] = _error(lambda: scheduler.solve(
@@ -211,6 +232,19 @@ def test_per_block_fsdp2_is_refused_naming_the_block(ranks: list[dict[str, Any]]
         run = rec["block_run"]
         assert run is not None and run.startswith("UnsupportedWrappingError"), run
         assert "submodule 'blocks.0' (Block) is wrapped by FSDP2" in run
+
+
+def test_per_block_fsdp2_runs_a_units_plan(ranks: list[dict[str, Any]]) -> None:
+    """`fully_shard` on each unit of a units plan's module, then the root: the plan's units
+    run (counted, no fallback) and the gradients equal the same FSDP2 setup of the model
+    without a plan, bit for bit."""
+    for rec in ranks:
+        assert rec["units"] == ("blocks.0", "blocks.1", "blocks.2")
+        planned, fallback, units = rec["units_counts"]
+        assert units >= 1 and planned == units and fallback == 0
+        assert set(rec["units_fsdp"]) == set(rec["plain_fsdp"])
+        for name, want in rec["plain_fsdp"].items():
+            assert torch.equal(rec["units_fsdp"][name], want), name
 
 
 def test_a_rank_whose_graph_differs_is_named_on_every_rank(

@@ -191,3 +191,19 @@ def test_regions_are_split_at_the_units(llama_plans: dict[str, Any]) -> None:
     assert [(names.index(r.nodes[0]), names.index(r.nodes[-1]) + 1) for r in rc] == [
         (a, b) for _, a, b in calls]
     assert all(r.policy == KEEP for r in fixed.regions if r not in rc)
+
+
+def test_other_shapes_run_the_plan_and_warn_once(llama_plans: dict[str, Any]) -> None:
+    """Another sequence length traces the units again and runs their regions (the values
+    equal the model's), with one warning that the predicted memory was for other shapes."""
+    model, plan = llama_plans["model"], llama_plans["plans"][0.85]
+    y = torch.randint(0, 128, (3, 40), generator=torch.Generator().manual_seed(5))
+    units = units_plan(plan.module)
+    before, traces = units.planned_calls, units.traces
+    with pytest.warns(RuntimeWarning, match="it was solved for"):
+        same_step(model, plan.module, lambda m: m(input_ids=y, labels=y).loss)
+    assert units.planned_calls - before == len(units.forwards) and units.fallback_calls == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # said once
+        same_step(model, plan.module, lambda m: m(input_ids=y, labels=y).loss)
+    assert scheduler.planned(plan.module) is units and units.traces == traces + 1

@@ -29,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from ..capture.calls import as_tuple
 from ..capture.trace import default_loss_recipe, preserved_state
+from ..rewrite import planned
 from .storage import base_bytes
 
 __all__ = ["allocator_rise", "compiled_peak", "memory_timeline"]
@@ -54,7 +55,7 @@ def compiled_peak(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str
     else:
         args, kwargs = as_tuple(example_inputs), {}
     inner = getattr(module, "_orig_mod", module)  # (torch.compile's wrapper holds the module)
-    loss_fn = loss_fn or getattr(getattr(inner, "forward", None), "loss_fn", None)
+    loss_fn = loss_fn or getattr(planned(inner), "loss_fn", None)
     params = list(module.parameters())
     device = params[0].device if params else torch.device("cpu")
 

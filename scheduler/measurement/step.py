@@ -22,6 +22,7 @@ import torch.nn as nn
 from ..capture.calls import call_inputs, check_differentiable
 from ..capture.fake import needs_fake
 from ..capture.trace import default_loss_recipe, preserved_state
+from ..rewrite import planned
 from .compiled import allocator_rise
 from .storage import StorageTracker, base_bytes, state_tensors
 
@@ -144,9 +145,9 @@ def measure(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any]
                          "tensors and a model with real parameters, or plan it without "
                          "measuring (profile/solve with mode='fake')")
     check_differentiable(module, inputs)
-    # (a planned module's loss is on its forward, `rewrite.PlanForward`)
+    # (a planned module's loss is on what runs its plan, `rewrite.planned`)
     loss_fn = (loss_fn or getattr(module, "loss_fn", None)
-               or getattr(getattr(module, "forward", None), "loss_fn", None))
+               or getattr(planned(module), "loss_fn", None))
     params = list(module.parameters())
     device = params[0].device if params else torch.device("cpu")
 
@@ -213,8 +214,7 @@ def measure(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any]
             held = allocator_rise(step, device) + base if allocator else None
         for p in params:
             p.grad = None
-    schedule = getattr(module, "schedule", None) or getattr(
-        getattr(module, "forward", None), "schedule", None)
+    schedule = getattr(module, "schedule", None) or getattr(planned(module), "schedule", None)
     if schedule is not None and hasattr(schedule, "regions"):
         warn_if_over_budget(schedule, int(peak), allocator_peak_bytes=held)
     return Measurement(peak_bytes=int(peak), base_bytes=base, allocator_peak_bytes=held,

@@ -49,17 +49,55 @@ CACHE_KWARGS = {"use_cache": False, "cache": None, "past_key_values": None, "lay
 
 
 class UnitsPlan:
-    """What a units plan's module carries (``units_plan(module)``): the units, their
-    `UnitForward`s by path, and the counts over them.
+    """What a units plan's module carries (``units_plan(module)``, or `rewrite.planned`): the
+    units, their `UnitForward`s by path, and the counts over them.
 
     Attributes:
         schedule: the `Schedule` over the profiled step.
         why: why these units (`find.UnitChoice.why`).
         forwards: ``{unit path: UnitForward}`` of the units that have a recompute region.
+        loss_fn: the loss the step was profiled with (used by `scheduler.measure`).
+        solved_specs: the ``(shape, dtype)`` of each tensor the step was solved with, sorted.
     """
 
-    def __init__(self, schedule: Schedule, why: str, forwards: dict[str, "UnitForward"]):
+    def __init__(self, schedule: Schedule, why: str, forwards: dict[str, "UnitForward"],
+                 loss_fn: Callable[[Any], torch.Tensor] | None = None,
+                 solved_specs: tuple[Any, ...] = ()):
         self.schedule, self.why, self.forwards = schedule, why, forwards
+        self.loss_fn, self.solved_specs = loss_fn, solved_specs
+        self._warned_shapes = False
+
+    @property
+    def planned_steps(self) -> int:
+        """Training steps in which every planned unit ran its regions (the least count of
+        any planned unit's calls that did)."""
+        return min((f.planned_steps for f in self.forwards.values()), default=0)
+
+    @property
+    def fallback_steps(self) -> int:
+        """Training steps in which some planned unit ran its own forward instead (the most
+        of any one unit's)."""
+        return max((f.fallback_steps for f in self.forwards.values()), default=0)
+
+    @property
+    def traces(self) -> int:
+        """The most call signatures any planned unit holds a traced step for."""
+        return max((f.traces for f in self.forwards.values()), default=0)
+
+    def check_shapes(self, module: nn.Module, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> None:
+        """A forward pre-hook of the planned module: warn once when a training call's tensors
+        differ from those the step was solved with (its memory was predicted for those)."""
+        if self._warned_shapes or not (torch.is_grad_enabled() and module.training):
+            return
+        got = _specs((args, kwargs))
+        if got != self.solved_specs:
+            self._warned_shapes = True
+            warnings.warn(
+                f"the plan runs its schedule on tensor inputs of shapes and dtypes "
+                f"{_show(got)}, but it was solved for {_show(self.solved_specs)}: its "
+                "predicted peak memory holds for that call only. Solve for the largest inputs "
+                "you train with", RuntimeWarning, stacklevel=3)
 
     @property
     def planned_calls(self) -> int:
@@ -85,6 +123,18 @@ class UnitsPlan:
                 f"calls, {self.fallback_calls} fallback calls)")
 
 
+def _specs(tree: Any) -> tuple[Any, ...]:
+    """The sorted ``(shape, dtype)`` of the tensors in ``tree`` but scalars (a loss keyword
+    such as Trainer's ``num_items_in_batch`` is one: it moves no memory)."""
+    return tuple(sorted((tuple(t.shape), str(t.dtype).removeprefix("torch."))
+                        for t in pytree.tree_leaves(tree)
+                        if isinstance(t, torch.Tensor) and t.dim() > 0))
+
+
+def _show(specs: tuple[Any, ...]) -> str:
+    return str([(list(s), d) for s, d in specs])
+
+
 def units_plan(module: nn.Module) -> UnitsPlan | None:
     """The `UnitsPlan` of a module `rewrite_units` returned (None for any other module)."""
     got = module.__dict__.get("_scheduler_units") if isinstance(module, nn.Module) else None
@@ -92,11 +142,15 @@ def units_plan(module: nn.Module) -> UnitsPlan | None:
 
 
 def rewrite_units(model: nn.Module, graph: CostGraph, schedule: Schedule, *, tracer: str,
-                  why: str = "", on_fallback: str = "warn") -> nn.Module:
+                  why: str = "", on_fallback: str = "warn",
+                  loss_fn: Callable[[Any], torch.Tensor] | None = None,
+                  inputs: Any = None) -> nn.Module:
     """The planned copy of ``model`` for ``schedule`` over ``graph``, a step profiled with
     units (`CostGraph.units`): the model's own forward, and each unit with a recompute region
     replaced by a copy that runs it (module docstring). ``tracer``: the tracer the step was
-    traced with (``"fx"`` or ``"export"``), which the units are traced with too.
+    traced with (``"fx"`` or ``"export"``), which the units are traced with too; ``loss_fn``
+    and ``inputs``: the step's loss and the inputs it was solved with (a training call with
+    other tensor shapes warns once: its memory was predicted for these).
 
     Raises:
         ScheduleError: a recompute region leaves its unit's call, or a unit with a recompute
@@ -134,7 +188,11 @@ def rewrite_units(model: nn.Module, graph: CostGraph, schedule: Schedule, *, tra
                           path=path, on_fallback=on_fallback, once=once)
         unit.__dict__["forward"] = fwd
         forwards[path] = fwd
-    root.__dict__["_scheduler_units"] = UnitsPlan(schedule, why, forwards)
+    plan = UnitsPlan(schedule, why, forwards, loss_fn,
+                     _specs(inputs) if inputs is not None else ())
+    root.__dict__["_scheduler_units"] = plan
+    if inputs is not None:
+        root.register_forward_pre_hook(plan.check_shapes, with_kwargs=True)
     for name in ("gradient_checkpointing_enable", "activation_checkpointing_enable"):
         if callable(getattr(model, name, None)):
             root.__dict__[name] = _refuse_hf_checkpointing
@@ -224,6 +282,11 @@ class UnitForward:
         state = dict(vars(self))
         state["_steps"], state["_warned"] = {}, set()  # (traced graphs do not copy or pickle)
         return state
+
+    @property
+    def traces(self) -> int:
+        """How many call signatures it holds a traced, scheduled step for."""
+        return sum(isinstance(s, CheckpointedStep) for s in self._steps.values())
 
     def __repr__(self) -> str:  # noqa: D105
         rc = sum(r.policy != "keep" for r in self.regions)

@@ -1,0 +1,93 @@
+"""Issue 35's deep models: a Llama-3-8B-shaped model (32 layers; ``--layers 80`` for 70B's depth)
+built on the meta device, bf16, planned from a fake profile with units (its decoder layers),
+at several budgets and the floor.
+
+    python benchmarks/units_8b.py                      # 32 layers, sequence 4096, 60/40/30 GiB
+    python benchmarks/units_8b.py --layers 80 --write  # and record the table
+
+For each budget it reports the solver's status, its time, the proven gap, the predicted peak
+and recompute overhead; the profile's time once; and the process's peak RSS over the whole
+run (planning never allocates activation-sized memory: fake tensors). Times are
+``times="roofline"`` on an H100's specification. With ``--write`` the table replaces the
+``units_8b`` section of ``docs/benchmarks.md`` (`_record.record`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import scheduler  # noqa: E402
+from scheduler.quantities import format_bytes, format_seconds  # noqa: E402
+
+
+def build(layers: int) -> torch.nn.Module:
+    import transformers
+    cfg = transformers.LlamaConfig(  # Llama-3-8B's shapes
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+        rope_theta=500000.0, attn_implementation="sdpa", torch_dtype=torch.bfloat16)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    return model.train()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--budgets", default="60GiB,40GiB,30GiB")
+    ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--write", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    model = build(args.layers)
+    ids = torch.empty((1, args.seq), dtype=torch.long, device="meta")
+    batch = {"input_ids": ids, "labels": ids}
+    rows = []
+    graph = None
+    for budget in args.budgets.split(",") + ["floor"]:
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if budget == "floor":
+                assert graph is not None
+                fl = scheduler.floor(graph, time_limit_s=args.time_limit)
+                rows.append(("floor", fl.status, "", format_bytes(fl.bytes),
+                             format_seconds(time.perf_counter() - t0), ""))
+                break
+            plan = scheduler.solve(model, batch, budget=budget, mode="fake", units="auto",
+                                   times="roofline", device_spec="h100",
+                                   time_limit_s=args.time_limit)
+        graph = plan.graph
+        gap = "n/a" if plan.gap is None else f"{plan.gap:.1%}"
+        rows.append((budget, plan.status, gap, format_bytes(plan.estimate.peak_bytes),
+                     format_seconds(plan.solve_s), f"+{plan.estimate.overhead:.1%}"))
+        print(rows[-1], flush=True)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    lines = [f"Llama-3-8B shapes, {args.layers} layers, sequence {args.seq}, bf16, meta device, "
+             f"fake profile, units='auto', roofline h100 times; time limit {args.time_limit} s; "
+             f"process peak RSS {format_bytes(rss)}",
+             "", "| budget | status | gap | predicted peak | solve | overhead |",
+             "|---|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    table = "\n".join(lines)
+    print(table)
+    if args.write:
+        from _record import record
+        record("units_8b", table, device="cpu (planned for h100 from fake tensors)",
+               command=" ".join(["python", *sys.argv]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
