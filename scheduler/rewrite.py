@@ -61,8 +61,8 @@ from .distributed import check_wrapping, hook_ids
 from .ir.schedule import Schedule, ScheduleError
 from .regions import CheckpointedStep
 
-__all__ = ["FALLBACK_ACTIONS", "MAX_TRACES", "PlanFallbackError", "PlanForward", "planned",
-           "rewrite"]
+__all__ = ["FALLBACK_ACTIONS", "MAX_TRACES", "PlanFallbackError", "PlanForward", "first_line",
+           "planned", "report_fallback", "rewrite"]
 
 #: Distinct call signatures (shapes, non-tensor arguments, autocast state) a planned module
 #: traces for; calls beyond them run the model's own forward, with a warning.
@@ -211,14 +211,9 @@ class PlanForward:
         message = (f"this training step runs the model's own forward, not the checkpointed "
                    f"plan: {why}. It computes the same loss and gradients, but its memory is "
                    f"not what the plan predicted")
-        if self.on_fallback == "raise":
-            raise PlanFallbackError(message + " (on_fallback='raise')")
-        if n == 10 ** (len(str(n)) - 1) or why not in self._warned:  # 1, 10, 100, ... or new
-            self._warned.add(why)
-            warnings.warn(
-                f"{message}; {n} training step(s) have run unplanned so far, "
-                f"{self.planned_steps} planned (pass on_fallback='raise' to stop instead)",
-                RuntimeWarning, stacklevel=4)
+        report_fallback(message, why, self._warned, self.on_fallback,
+                        f"{n} training step(s) have run unplanned so far, "
+                        f"{self.planned_steps} planned", n, stacklevel=4)
 
     def _positional(self, args: tuple[Any, ...], kwargs: dict[str, Any]
                     ) -> tuple[Any, ...] | None:
@@ -273,7 +268,7 @@ class PlanForward:
             return CheckpointedStep(gm, self.schedule, root=self.module)
         except (ScheduleError, RuntimeError) as e:
             return (f"at these inputs the model traces to another graph than the one the "
-                    f"plan was made for ({_first_line(e)}); solve for these inputs")
+                    f"plan was made for ({first_line(e)}); solve for these inputs")
 
     def _warn_unplanned(self, call: tuple[Any, Any, Any]) -> None:
         """Warn once per kind when a training call the plan runs (its ``(input specs,
@@ -302,6 +297,19 @@ class PlanForward:
                 RuntimeWarning, stacklevel=4)
 
 
+def report_fallback(message: str, why: str, warned: set[str], on_fallback: str, counts: str,
+                    n: int, *, stacklevel: int) -> None:
+    """Say the ``n``-th training call that fell back (``message``, for the reason ``why``):
+    `PlanFallbackError` with ``on_fallback="raise"``; else a warning with ``counts`` at the
+    1st, 10th, 100th, ... such call and at each reason not in ``warned`` yet."""
+    if on_fallback == "raise":
+        raise PlanFallbackError(message + " (on_fallback='raise')")
+    if n == 10 ** (len(str(n)) - 1) or why not in warned:  # 1, 10, 100, ... or new
+        warned.add(why)
+        warnings.warn(f"{message}; {counts} (pass on_fallback='raise' to stop instead)",
+                      RuntimeWarning, stacklevel=stacklevel + 1)
+
+
 def _signature(specs: tuple[Any, ...], constants: tuple[Any, ...], autocast: tuple[Any, ...],
                tracer: str) -> tuple[Any, ...]:
     """What a traced graph is specialised to: an fx graph to its non-tensor arguments and the
@@ -314,5 +322,6 @@ def _kinds(specs: tuple[Any, ...]) -> str:
     return ", ".join("tensor" if s is not None else "other" for s in specs) or "none"
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """The first line of an error's message (its type's name if it has none)."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -40,7 +40,7 @@ from ..ir.region import Region, ScheduleError
 from ..ir.replays import check, unit_calls
 from ..ir.schedule import Schedule
 from ..regions import CheckpointedStep
-from ..rewrite import MAX_TRACES, PlanFallbackError, check_on_fallback
+from ..rewrite import MAX_TRACES, check_on_fallback, first_line, report_fallback
 
 __all__ = ["UnitForward", "UnitsPlan", "rewrite_units", "units_plan"]
 
@@ -181,8 +181,7 @@ def rewrite_units(model: nn.Module, graph: CostGraph, schedule: Schedule, *, tra
                 f"unit {path!r} is called {len(spans)} times in the step and has a recompute "
                 "region: a unit's plan is for one call; name units called once (units=...)")
         rel = {n: f"#{pos[n] - a}" for n in names[a:b]}
-        ops = tuple(_op(graph.nodes[graph.index(n)].op, graph.nodes[graph.index(n)].target,
-                        path) for n in names[a:b])
+        ops = tuple(_op(graph.node(n).op, graph.node(n).target, path) for n in names[a:b])
         unit = _copy_path(copies, path)
         fwd = UnitForward(unit, tuple(_renamed(r, rel) for r in regions), ops, tracer,
                           path=path, on_fallback=on_fallback, once=once)
@@ -343,7 +342,7 @@ class UnitForward:
         try:
             gm = trace(call, tensors, tracer=self.tracer)
         except RuntimeError as e:
-            return f"the unit could not be traced at this call ({_first_line(e)})"
+            return f"the unit could not be traced at this call ({first_line(e)})"
         info = gm.meta["scheduler"]
         nodes = [n for n in model_nodes(gm) if n.name not in info.loss_nodes]
         got = tuple(_op(n.op, target_str(n), "unit") for n in nodes)
@@ -360,7 +359,7 @@ class UnitForward:
             return CheckpointedStep(gm, Schedule([_renamed(r, rel) for r in self.regions]),
                                     root=call)
         except ScheduleError as e:
-            return f"the unit's regions do not run at this call ({_first_line(e)})"
+            return f"the unit's regions do not run at this call ({first_line(e)})"
 
     def _fall_back(self, why: str) -> None:
         if not torch.compiler.is_compiling():
@@ -369,13 +368,9 @@ class UnitForward:
         message = (f"unit {self.path!r} runs its own forward, not the checkpointed plan: "
                    f"{why}. It computes the same values, but its memory is not what the plan "
                    "predicted")
-        if self.on_fallback == "raise":
-            raise PlanFallbackError(message + " (on_fallback='raise')")
-        if n == 10 ** (len(str(n)) - 1) or why not in self._warned:
-            self._warned.add(why)
-            warnings.warn(f"{message}; {n} call(s) of it have run unplanned so far, "
-                          f"{self.planned_steps} planned (pass on_fallback='raise' to stop "
-                          "instead)", RuntimeWarning, stacklevel=3)
+        report_fallback(message, why, self._warned, self.on_fallback,
+                        f"{n} call(s) of it have run unplanned so far, "
+                        f"{self.planned_steps} planned", n, stacklevel=3)
 
 
 def _key(c: Any) -> Any:
@@ -386,7 +381,3 @@ def _key(c: Any) -> Any:
     except TypeError:
         return repr(c)
     return (type(c), c)
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
