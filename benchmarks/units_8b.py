@@ -3,13 +3,14 @@ built on the meta device, bf16, planned from a fake profile with units (its deco
 at several budgets and the floor.
 
     python benchmarks/units_8b.py                      # 32 layers, sequence 4096, 60/40/30 GiB
-    python benchmarks/units_8b.py --layers 80 --write  # and record the table
+    python benchmarks/units_8b.py --layers 80 --write  # 140/100/75 GiB, and record the table
 
 For each budget it reports the solver's status, its time, the proven gap, the predicted peak
 and recompute overhead; the profile's time once; and the process's peak RSS over the whole
 run (planning never allocates activation-sized memory: fake tensors). Times are
 ``times="roofline"`` on an H100's specification. With ``--write`` the table replaces the
-``units_8b`` section of ``docs/benchmarks.md`` (`_record.record`).
+``units_8b`` section of ``docs/benchmarks.md`` (``units_8b_80l`` for 80 layers;
+`_record.record`).
 """
 
 from __future__ import annotations
@@ -45,10 +46,14 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--seq", type=int, default=4096)
-    ap.add_argument("--budgets", default="60GiB,40GiB,30GiB")
+    ap.add_argument("--budgets", default=None,
+                    help="comma-separated (default: 60/40/30 GiB; 140/100/75 GiB from 64 "
+                         "layers on, where parameters and gradients alone take 69 GiB)")
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args(argv)
+    if args.budgets is None:
+        args.budgets = "60GiB,40GiB,30GiB" if args.layers < 64 else "140GiB,100GiB,75GiB"
     torch.set_num_threads(1)
     model = build(args.layers)
     ids = torch.empty((1, args.seq), dtype=torch.long, device="meta")
@@ -84,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.write:
         from _record import record
-        record("units_8b", table, device="cpu (planned for h100 from fake tensors)",
+        record("units_8b" if args.layers == 32 else f"units_8b_{args.layers}l", table, device="cpu (planned for h100 from fake tensors)",
                command=" ".join(["python", *sys.argv]))
     return 0
 

@@ -2,6 +2,8 @@
 
 The whole call keeps to one deadline, ``time_limit_s`` from its start (`deadline`): no step
 starts past it and the ones under way stop there, so the answer is the best found by then.
+Where everything kept fits the budget, that schedule is the answer at once, OPTIMAL: nothing is
+recomputed, so nothing does better.
 A budget below `floor.universal_bound` fits no schedule at all: the floor gets the whole
 limit and the answer is INFEASIBLE. Otherwise it runs every baseline; where none fits, the
 floor's deterministic offers (`floor_offers.offered`, cached per graph) next, from the start
@@ -30,7 +32,9 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from ..cost.simulate import simulate
 from ..ir.graph import CostGraph
+from ..ir.schedule import Schedule
 from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, get_solver, register
 from .blockdp import blocks_of, table_built
 from .certify import certify
@@ -46,9 +50,9 @@ __all__ = ["BASELINES", "auto"]
 #: from this many compute nodes on, steps that would start past the time limit are skipped
 #: (knapsack, relax and dp need seconds each there: about 12, 5 and 1 s at 3,275 nodes)
 DEEP_NODES = 2000
-#: baselines that take longer than the block DP on deep graphs (12-20 s at 3,275 nodes): not
-#: run there when blocks repeat and there is a time limit
-SLOW_BASELINES = ("knapsack",)
+#: baselines that take longer than the block DP on deep graphs (knapsack 12-20 s at 3,275
+#: nodes, greedy 2.7 s at 4,272): not run there when blocks repeat and there is a time limit
+SLOW_BASELINES = ("knapsack", "greedy")
 
 
 @register("auto")
@@ -80,6 +84,11 @@ def _auto(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
                               status=INFEASIBLE),
                        min_feasible_bytes=least.named_bytes, floor=least)
 
+    if simulate(graph, Schedule.none(graph), timeline=False).peak_bytes <= budget_bytes:
+        # everything kept fits: nothing recomputed, so no schedule does better
+        return replace(finish(graph, budget_bytes, Schedule.none(graph), solver="auto",
+                              started=started, status=OPTIMAL, lower_bound_s=0.0,
+                              full_space=True), certified=True)
     if budget_bytes < universal_bound(graph):
         # proven: no schedule at all fits (`floor.universal_bound`); the floor gets the limit
         return infeasible(floor(graph, time_limit_s=time_limit_s, config=config))

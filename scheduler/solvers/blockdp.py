@@ -8,7 +8,9 @@ k a recompute region saves in each of its stages the kind's k slowest allocating
 positions, k from 0 to ``save_top`` (`SolverConfig.save_top`).
 Keep regions over several stages are runs of one-stage keep regions (they compose exactly,
 as in `dp`). Stages are whole blocks, or with ``fine`` (the default up to `FINE_NODES` compute
-nodes) the pieces of blocks between chain cuts, and runs may then mix kinds. ``blocks_nested``
+nodes and on graphs with units, `fine_stages`) the pieces of blocks between chain cuts, and
+runs may then mix kinds. Runs the rewriter would refuse (across a unit's calls,
+`ir.replays`) are not in the table at all. ``blocks_nested``
 adds two-level regions: a recompute run holding inner recompute regions of r stages (r in
 `blocktable.INNER_SPANS`) and, at its end, an inner keep region (nested non-reentrant
 checkpoints). The space is named in
@@ -57,7 +59,8 @@ from .deadline import OutOfTime, expired
 from .dp import simulation_s
 from .pinning import Pinned, pinned_of
 
-__all__ = ["FINE_NODES", "MAX_SPAN", "block_dp", "blocks_of", "floor_bytes", "nested_block_dp",
+__all__ = ["FINE_NODES", "MAX_SPAN", "block_dp", "blocks_of", "fine_stages", "floor_bytes",
+           "nested_block_dp",
            "route_of", "search", "space_of", "table_built", "table_of"]
 
 #: the longest recompute region of the space, in stages
@@ -84,6 +87,13 @@ def route_of(graph: CostGraph) -> Pinned | None:
                     done[fine] = find_blocks(p.graph, fine=fine, cuts=p.cuts, fixed=fixed)
         cache["route"] = route
     return cache["route"]
+
+
+def fine_stages(graph: CostGraph) -> bool:
+    """Whether the block DP's stages are pieces of blocks: up to `FINE_NODES` compute nodes,
+    or on a graph with units (`CostGraph.units`), whose regions never cross a unit's call, so
+    that a table of pieces measures a few runs per unit, not `MAX_SPAN` of them."""
+    return len(graph.compute_nodes) <= FINE_NODES or bool(graph.units)
 
 
 def blocks_of(graph: CostGraph, *, fine: bool = False) -> Blocks:
@@ -117,7 +127,7 @@ def table_built(graph: CostGraph, *, config: SolverConfig | None = None) -> bool
     """Whether `block_dp`'s table for ``graph`` (default span and stages) is built already,
     so that a solve with it takes a search, not thousands of simulations."""
     work, _ = _work_of(graph)
-    fine = len(graph.compute_nodes) <= FINE_NODES
+    fine = fine_stages(graph)
     key = (MAX_SPAN, (config or SolverConfig()).save_top, False, fine)
     return key in graph_cache(work, "block tables")
 
@@ -278,7 +288,7 @@ def _solve(graph: CostGraph, budget_bytes: int, *, solver: str, nested: bool,
     started = time.perf_counter()
     save_top = (config or SolverConfig()).save_top
     if fine is None:
-        fine = len(graph.compute_nodes) <= FINE_NODES
+        fine = fine_stages(graph)
     work, pinned = _work_of(graph)
     try:
         table = table_of(work, max_span=max_span, save_top=save_top, nested=nested, fine=fine)
@@ -345,7 +355,7 @@ def _blocks_offer(graph: CostGraph, *, time_limit_s: float | None,
     if not blocks_of(graph).repeats:
         return []
     found: list[Schedule] = []
-    fine = len(graph.compute_nodes) <= FINE_NODES
+    fine = fine_stages(graph)
     work, _ = _work_of(graph)
     most = None if time_limit_s is None else int(time_limit_s / 2 / simulation_s(work))
     for solver, nested in (("blocks", False), ("blocks_nested", True)):

@@ -142,10 +142,13 @@ class BlockTable:
         self.levels = [len(tops[k]) for k in kinds]
         self.crossing = _crossing_producers(graph, self.points)
         self.options: dict[tuple[int, int], list[Option]] = {}
+        limits = recompute_limits(graph)
         for a in range(S):
             for m in range(1, min(max_span, S - a) + 1):
                 if not mixed and len(set(kinds[a:a + m])) > 1:
                     break  # (runs of mixed kinds: more measurements; needed with `fine`)
+                if m > 1 and self.points[a + m] > limits[self.points[a]]:
+                    break  # (refused, as every longer run: across a unit's calls, `replays`)
                 recs: list[Option] = [(RECOMPUTE, self._save(names, tops, a, a + m, k), ())
                                       for k in range(max(self.levels[a:a + m]) + 1)]
                 if nested:
@@ -154,7 +157,6 @@ class BlockTable:
                 self.options[a, m] = ([(KEEP, frozenset(), ())] if m == 1 else []) + recs
         #: (a, m, o) of the options the rewriter would refuse (`ir.replays`): measured like the
         #: rest (the table's entries share measurements), never chosen (`blockdp`)
-        limits = recompute_limits(graph)
         self.refused = {(a, m, o) for (a, m), opts in self.options.items()
                         for o in range(len(opts)) if not _rewritable(limits, self.spans(a, m, o))}
         self.states = {a: (None,) if a == 0 else POLICIES + (
@@ -187,6 +189,11 @@ class BlockTable:
                     measured[a] = self._measure(graph, a, m, o, q)
             (l1, h1, _, e1, _), (l2, h2, _, e2, _) = measured[lo], measured[hi]
             line = _Line.through(g[lo + m], l1, g[hi + m], l2)
+            if not (line.ok and h1 == h2):  # (a pair's one simulation splits the stages
+                # between otherwise than the DP does: measured apart, as every other start is)
+                measured.update({a: self._measure(graph, a, m, o, q) for a in (lo, hi)})
+                (l1, h1, _, e1, _), (l2, h2, _, e2, _) = measured[lo], measured[hi]
+                line = _Line.through(g[lo + m], l1, g[hi + m], l2)
             exact = e1 and e2 and line.ok and h1 == h2
             keep = self.options[starts[0], m][o][0] == KEEP
             nest = bool(self.options[starts[0], m][o][2])
@@ -248,11 +255,7 @@ class BlockTable:
         spans.append(item)
         if stop < n:
             spans.append((stop, n, KEEP))
-        costs = self._run(graph, spans)
-        j = 1 if start > 0 else 0
-        c = costs[j]
-        return (c.local_peak_bytes, c.held_bytes, costs[-1].local_peak_bytes,
-                c.separable and all(x.separable for x in costs[:j]), c.recompute_s)
+        return _read(self._run(graph, spans), 1 if start > 0 else 0)
 
     def _measure_pair(self, graph: CostGraph, hi: int, lo: int, m: int, o: int,
                       q: str | None) -> dict[int, tuple[int, int, int, bool, float]]:
@@ -276,13 +279,7 @@ class BlockTable:
         if pts[lo + m] < n:
             spans.append((pts[lo + m], n, KEEP))
         costs = self._run(graph, spans)
-
-        def read(j: int) -> tuple[int, int, int, bool, float]:
-            c = costs[j]
-            return (c.local_peak_bytes, c.held_bytes, costs[-1].local_peak_bytes,
-                    c.separable and all(x.separable for x in costs[:j]), c.recompute_s)
-
-        return {hi: read(j_hi), lo: read(j_lo)}
+        return {hi: _read(costs, j_hi), lo: _read(costs, j_lo)}
 
     def _times(self, graph: CostGraph, tops: dict[int, list[int]]
                ) -> tuple[list[list[float]], list[list[float]]]:
@@ -317,6 +314,13 @@ class BlockTable:
             one.append(o)
             full.append([pair[s] - o[s + 1] if s + 1 < S else 0.0 for s in range(S)])
         return one, full
+
+
+def _read(costs: list, j: int) -> tuple[int, int, int, bool, float]:
+    """(local, held, tail local, separable, time) of region ``j`` of a simulation's costs."""
+    c = costs[j]
+    return (c.local_peak_bytes, c.held_bytes, costs[-1].local_peak_bytes,
+            c.separable and all(x.separable for x in costs[:j]), c.recompute_s)
 
 
 def _save_positions(graph: CostGraph, blocks: Blocks, save_top: int) -> dict[int, list[int]]:
