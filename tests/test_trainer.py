@@ -1,6 +1,7 @@
 """A units plan trained by Hugging Face's own `Trainer`, with default arguments: the plan's
-units run at every step, and losses, evaluation and the saved weights equal a `Trainer` run
-of the unmodified model (bit for bit, same seed)."""
+units run at every step, losses, evaluation and the saved weights equal a `Trainer` run of
+the unmodified model (bit for bit, same seed), and a step's measured peak is within the
+budget."""
 
 from __future__ import annotations
 
@@ -67,6 +68,13 @@ def test_trainer_with_default_arguments_runs_the_plan(tmp_path: Path) -> None:
     assert got_eval["eval_loss"] == want_eval["eval_loss"]
     assert units.planned_calls == STEPS * len(units.forwards)
     assert units.fallback_calls == 0
+    # the step Trainer runs (forward and backward of a collated batch, in training mode:
+    # `evaluate` left the module in eval mode), measured after training: within the budget,
+    # and planned (not the model's own forward)
+    peak = scheduler.measure(plan.module.train(), {"input_ids": x, "labels": x}, repeats=1,
+                             allocator=False).peak_bytes
+    assert peak <= plan.budget_bytes, (peak, plan.budget_bytes)
+    assert units.fallback_calls == 0 and units.planned_calls > STEPS * len(units.forwards)
 
     plan.module.save_pretrained(tmp_path / "saved_plan")
     plain.save_pretrained(tmp_path / "saved_plain")
