@@ -17,7 +17,7 @@ import torch.nn as nn
 from torch.utils import _pytree as pytree
 
 __all__ = ["as_tuple", "autocast_state", "bare_copy", "bind_call", "call_inputs",
-           "check_differentiable", "input_constants", "input_specs", "module_copy"]
+           "check_differentiable", "constant_key", "input_constants", "input_specs", "module_copy"]
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
                "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks",
@@ -53,17 +53,19 @@ def input_specs(inputs: Sequence[Any]) -> tuple[tuple[tuple[int, ...], torch.dty
 
 
 def input_constants(inputs: Sequence[Any]) -> tuple[Any, ...]:
-    """The non-tensor leaves of ``inputs`` (their ``repr`` where they are not hashable)."""
-    return tuple(_hashable(x) for x in pytree.tree_leaves(tuple(inputs))
+    """The non-tensor leaves of ``inputs``, each as `constant_key`."""
+    return tuple(constant_key(x) for x in pytree.tree_leaves(tuple(inputs))
                  if not isinstance(x, torch.Tensor))
 
 
-def _hashable(x: Any) -> Any:
+def constant_key(x: Any) -> Any:
+    """A non-tensor argument as part of a call's key: ``(type, value)`` (``True``, ``1`` and
+    ``1.0`` are equal in Python but not the same argument), its ``repr`` where unhashable."""
     try:
         hash(x)
     except TypeError:
         return repr(x)
-    return x
+    return (type(x), x)
 
 
 def autocast_state() -> tuple[tuple[str, torch.dtype], ...]:

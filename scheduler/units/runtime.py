@@ -13,6 +13,9 @@ unshard and reshard among them, run as they would. Its ``forward`` is a `UnitFor
   trace has the ops, in order, of the unit's call in the profiled step, and runs them under
   the unit's regions (`regions.CheckpointedStep`, parameters read live from the unit);
 * anything else (gradients off, eval mode) runs the unit's own ``forward``;
+* what transformers' output-capture hooks inside the unit collect (MoE router logits, hidden
+  states) its trace returns, and each planned call hands to the model's collector
+  (`capture`);
 * a training call whose trace differs from the profiled call runs the unit's own forward
   and warns, as a whole-graph plan's fallback does (`rewrite.PlanForward`); with
   ``on_fallback="raise"`` it raises `rewrite.PlanFallbackError`.
@@ -32,7 +35,7 @@ import torch
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from ..capture.calls import autocast_state, input_specs, module_copy
+from ..capture.calls import autocast_state, constant_key, input_specs, module_copy
 from ..capture.fingerprint import target_str
 from ..capture.trace import MODEL_ATTR, model_nodes, trace
 from ..ir.graph import CostGraph
@@ -41,6 +44,7 @@ from ..ir.replays import check, unit_calls
 from ..ir.schedule import Schedule
 from ..regions import CheckpointedStep
 from ..rewrite import MAX_TRACES, check_on_fallback, first_line, report_fallback
+from . import capture
 
 __all__ = ["UnitForward", "UnitsPlan", "rewrite_units", "units_plan"]
 
@@ -236,17 +240,24 @@ class _UnitCall(nn.Module):
     runs those) on one call's arguments, the tensor leaves as positional inputs."""
 
     def __init__(self, unit: nn.Module, forward: Callable[..., Any], spec: Any,
-                 consts: tuple[Any, ...]):
+                 consts: tuple[Any, ...], collector: dict[str, Any] | None):
         super().__init__()
         self.unit = unit
         self._call = (forward, spec, consts)
+        self.collector = collector  # (transformers' output capture: `capture`)
+        self.where: tuple = ()
 
     def forward(self, *tensors: torch.Tensor) -> Any:
         forward, spec, consts = self._call
         it = iter(tensors)
         leaves = [next(it) if c is _TENSOR else c for c in consts]
         args, kwargs = pytree.tree_unflatten(leaves, spec)
-        return forward(self.unit, *args, **kwargs)
+        if self.collector is None:
+            return forward(self.unit, *args, **kwargs)
+        with capture.recording(self.collector) as stand:
+            out = forward(self.unit, *args, **kwargs)
+        extra, self.where = capture.recorded(stand)
+        return out, extra
 
 
 _TENSOR = object()  # a tensor leaf's place among a call's constants
@@ -272,6 +283,7 @@ class UnitForward:
         self.base = base if base is not None else type(unit).forward
         self._bound = base is not None
         self._steps: dict[Any, CheckpointedStep | str] = {}
+        self._where: dict[Any, tuple] = {}  # per key: where its captured outputs go
         self._warned: set[str] = set()
         self._once = once if once is not None else set()  # shared by the plan's units
         self.planned_steps = self.fallback_steps = 0
@@ -279,7 +291,7 @@ class UnitForward:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(vars(self))
-        state["_steps"], state["_warned"] = {}, set()  # (traced graphs do not copy or pickle)
+        state.update(_steps={}, _warned=set(), _where={})  # (traces do not copy or pickle)
         return state
 
     @property
@@ -306,19 +318,25 @@ class UnitForward:
         leaves, spec = pytree.tree_flatten((args, kwargs))
         tensors = tuple(x for x in leaves if isinstance(x, torch.Tensor))
         consts = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
-        key = (str(spec), tuple(_key(c) for c in consts), input_specs(tensors),
-               autocast_state())
+        collector = capture.active()
+        key = (str(spec), tuple("<tensor>" if c is _TENSOR else constant_key(c)
+                                for c in consts), input_specs(tensors), autocast_state(),
+               capture.signature(collector))
         step = self._steps.get(key)
         if step is None:
-            step = (self._trace(spec, consts, tensors) if len(self._steps) < MAX_TRACES else
-                    f"it was called with more than {MAX_TRACES} distinct signatures")
+            step = (self._trace(key, spec, consts, tensors, collector) if len(self._steps)
+                    < MAX_TRACES else f"it was called with more than {MAX_TRACES} signatures")
             self._steps[key] = step
         if isinstance(step, str):
             self._fall_back(step)
             return self.own(*args, **kwargs)
         if not torch.compiler.is_compiling():
             self.planned_steps += 1
-        return step(tensors)
+        if collector is None:
+            return step(tensors)
+        out, extra = step(tensors)
+        capture.replay(collector, self._where[key], extra)
+        return out
 
     def _without_cache(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         dropped = [k for k in CACHE_KWARGS if kwargs.get(k) not in (None, False)]
@@ -335,14 +353,18 @@ class UnitForward:
         return {k: (CACHE_KWARGS[k] if k in dropped else v) for k, v in kwargs.items()}
 
     @torch.compiler.disable
-    def _trace(self, spec: Any, consts: tuple[Any, ...], tensors: tuple[torch.Tensor, ...]
+    def _trace(self, key: Any, spec: Any, consts: tuple[Any, ...],
+               tensors: tuple[torch.Tensor, ...], collector: dict[str, Any] | None
                ) -> CheckpointedStep | str:
         forward = self.base if not self._bound else (lambda unit, *a, **k: self.base(*a, **k))
-        call = _UnitCall(self.module, forward, spec, consts)
+        call = _UnitCall(self.module, forward, spec, consts, collector)
         try:
             gm = trace(call, tensors, tracer=self.tracer)
         except RuntimeError as e:
             return f"the unit could not be traced at this call ({first_line(e)})"
+        finally:
+            call.collector = None  # (the user's: not kept)
+        self._where[key] = call.where
         info = gm.meta["scheduler"]
         nodes = [n for n in model_nodes(gm) if n.name not in info.loss_nodes]
         got = tuple(_op(n.op, target_str(n), "unit") for n in nodes)
@@ -372,12 +394,3 @@ class UnitForward:
                         f"{n} call(s) of it have run unplanned so far, "
                         f"{self.planned_steps} planned", n, stacklevel=3)
 
-
-def _key(c: Any) -> Any:
-    if c is _TENSOR:
-        return "<tensor>"
-    try:
-        hash(c)
-    except TypeError:
-        return repr(c)
-    return (type(c), c)

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 import scheduler
+from scheduler.units import units_plan
 from scheduler.capture.trace import trace
 from scheduler.capture.usercode import UserCodeWarning
 
@@ -74,13 +75,17 @@ def moe_step(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor, list[torch.
 # ------------------------------------------------------------- transformers' own hooks
 
 
+@pytest.mark.parametrize("units", [None, "auto"])
 @pytest.mark.parametrize("name", list(MOE))
-def test_transformers_output_capture_hooks_raise_no_false_alarm(name: str) -> None:
+def test_transformers_output_capture_hooks_raise_no_false_alarm(name: str, units: Any) -> None:
+    """Whole-graph plans trace the capture's data flow; a units plan's units return what the
+    hooks inside them capture (`units.capture`): the auxiliary loss (from router logits the
+    hooks collect) and the gradients are the model's."""
     model = moe(name)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         plan = scheduler.solve(model, BATCH, budget=1.0, solver="uniform:2", mode="real",
-                               repeats=1)
+                               repeats=1, units=units)
     assert hook_warnings(caught) == []
     assert plan.graph is not None and plan.schedule.recompute_regions
     # the hooks are transformers' (a test of the premise: they are there, on inlined layers)
@@ -94,6 +99,18 @@ def test_transformers_output_capture_hooks_raise_no_false_alarm(name: str) -> No
     # are not the plan's to promise: solver="none" differs from eager by ~1e-8 too)
     for a, b in zip(got[2], want[2]):
         torch.testing.assert_close(a, b)
+    if units:
+        counts = units_plan(plan.module)
+        assert counts.planned_calls == len(counts.forwards) >= 1 and counts.fallback_calls == 0
+        # hidden states asked for at the call (another collector: another trace), and
+        # counted by length in the hooks (the first layer's input is prepended once)
+        torch.manual_seed(0)
+        got = plan.module(**BATCH, output_hidden_states=True).hidden_states
+        torch.manual_seed(0)
+        want = moe(name)(**BATCH, output_hidden_states=True).hidden_states
+        assert len(got) == len(want) == 3
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        assert counts.fallback_calls == 0
 
 
 def test_a_user_hook_on_a_moe_layer_still_warns() -> None:
