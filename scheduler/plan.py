@@ -36,6 +36,7 @@ from .solvers.stash import solve_with_rng_stash
 from .step_checks import INPUT_SHAPES, check_shapes, input_shapes, own_peak
 from .units import (UnitChoice, called_once, find_units, gives_positions, rewrite_units,
                     without_cache)
+from .units.apply import UNITS, apply_units, units_meta
 from .quantities import check_time_limit, format_bytes, format_seconds
 
 __all__ = ["INPUT_SHAPES", "Plan", "apply", "input_shapes", "solve", "solve_graph"]
@@ -159,6 +160,11 @@ def apply(model: nn.Module, schedule: Schedule | str | Path,
           ) -> nn.Module:
     """Return ``model`` with a saved schedule applied, without solving.
 
+    A units plan's schedule (solved with ``units=``; its units are in ``schedule.meta``)
+    gives a module that runs the model's own forward with those units planned
+    (`units.apply`): the step is profiled again on fake tensors to check the fingerprint, so
+    a schedule solved on the meta device applies to the real model.
+
     Args:
         model: the model the schedule was solved for (not modified; the result shares its
             parameters).
@@ -181,6 +187,9 @@ def apply(model: nn.Module, schedule: Schedule | str | Path,
     check_on_fallback(on_fallback)
     if not isinstance(schedule, Schedule):
         schedule = Schedule.load(schedule)
+    if schedule.meta.get(UNITS):  # (a units plan: the model's own forward runs it)
+        return apply_units(model, schedule, example_inputs, loss_fn=loss_fn,
+                           on_fallback=on_fallback)
     inputs = call_inputs(model, example_inputs)
     gm, fp = trace_without_running(model, inputs, loss_fn=loss_fn,
                                    fingerprint=bool(schedule.fingerprint))
@@ -355,7 +364,9 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
                                      estimate=simulate(costs_for(graph, execution), schedule),
                                      status=schedule.status, gap=schedule.gap)
     # the shapes solved for, which `apply` checks if the fingerprint is ever removed
-    stamped = dataclasses.replace(schedule, meta={**schedule.meta, INPUT_SHAPES: input_shapes(gm)})
+    stamped = dataclasses.replace(schedule, meta={
+        **schedule.meta, INPUT_SHAPES: input_shapes(gm),
+        **(units_meta(choice.paths, choice.why) if choice.paths else {})})
     result = dataclasses.replace(result, schedule=stamped)
     unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
     budget_bytes = parse_budget(budget, unconstrained)

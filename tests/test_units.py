@@ -207,3 +207,50 @@ def test_other_shapes_run_the_plan_and_warn_once(llama_plans: dict[str, Any]) ->
         warnings.simplefilter("error", RuntimeWarning)  # said once
         same_step(model, plan.module, lambda m: m(input_ids=y, labels=y).loss)
     assert scheduler.planned(plan.module) is units and units.traces == traces + 1
+
+
+def test_a_saved_units_schedule_applies_to_the_model(llama_plans: dict[str, Any],
+                                                     tmp_path: Any) -> None:
+    """`scheduler.apply` of a saved units schedule: the model's own forward with the same
+    units planned, its step bit-equal to the model's; other shapes or another model are
+    refused with one line."""
+    model, batch = llama_plans["model"], llama_plans["batch"]
+    plan = llama_plans["plans"][0.7]
+    assert plan.schedule.meta["units"]["paths"] == list(plan.units.paths)
+    plan.save(tmp_path / "s.json")
+    module = scheduler.apply(model, tmp_path / "s.json", batch)
+    units = units_plan(module)
+    assert units is not None and set(units.forwards) == set(units_plan(plan.module).forwards)
+    same_step(model, module, lambda m: m(**batch).loss)
+    assert units.planned_calls == len(units.forwards) and units.fallback_calls == 0
+    short = {k: v[:, :32] for k, v in batch.items()}
+    with pytest.raises(ScheduleError, match="fingerprint.*input shapes differ"):
+        scheduler.apply(model, plan.schedule, short)
+    with pytest.raises(ScheduleError, match="units are not"):
+        scheduler.apply(gpt()[0], plan.schedule, batch)
+
+
+def test_a_units_plan_solved_on_the_meta_device_applies_to_the_real_model() -> None:
+    """Planned from fake tensors on a model built on the meta device, applied to the real
+    model: it runs its units, measures within the budget, and computes the model's step."""
+    model = tiny_llama()
+    with torch.device("meta"):
+        meta = tiny_llama()
+    ids = torch.empty((2, 64), dtype=torch.long, device="meta")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = scheduler.solve(meta, {"input_ids": ids, "labels": ids}, budget=0.6,
+                               time_limit_s=5, units="auto", mode="fake", times="roofline",
+                               device_spec="cpu")
+    x = torch.randint(0, 128, (2, 64), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": x, "labels": x}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (the stock config's use_cache)
+        module = scheduler.apply(model, plan.schedule, batch)
+        peak = measure(module, batch, repeats=1, allocator=False).peak_bytes
+    assert peak <= plan.budget_bytes, (peak, plan.budget_bytes)
+    units = units_plan(module)
+    assert units.forwards and units.planned_calls > 0 and units.fallback_calls == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        same_step(model, module, lambda m: m(**batch).loss)
