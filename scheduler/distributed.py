@@ -27,7 +27,8 @@ import torch.nn as nn
 from .ir.graph import CostGraph
 from .ir.schedule import Schedule, ScheduleError
 
-__all__ = ["UnsupportedWrappingError", "check_wrapping", "hook_ids", "same_schedule"]
+__all__ = ["UnsupportedWrappingError", "check_unwrapped", "check_wrapping", "hook_ids",
+           "same_schedule"]
 
 
 class UnsupportedWrappingError(RuntimeError):
@@ -159,3 +160,28 @@ def _fsdp_module_type() -> type | None:
     from torch.distributed.fsdp import FSDPModule
 
     return FSDPModule
+
+
+def check_unwrapped(model: nn.Module, action: str) -> None:
+    """Raise `UnsupportedWrappingError` (one line, naming the wrapper and where) when
+    ``model`` is, or holds, a module wrapped for data-parallel training (DDP, FSDP, FSDP2's
+    ``fully_shard``), before anything touches it: profiling such a model runs the wrapper's
+    lazy initialisation and collectives on fake tensors or counts a rank's shards as the
+    model, and a plan is made for the model itself. ``action`` names the call refused."""
+    kinds: list[tuple[type, str]] = []
+    if dist.is_available():
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.nn.parallel import DistributedDataParallel
+
+        kinds = [(DistributedDataParallel, "DistributedDataParallel"),
+                 (FullyShardedDataParallel, "FSDP"), (_fsdp_module_type(), "FSDP2's fully_shard")]
+    for path, m in model.named_modules():
+        kind = next((name for cls, name in kinds if isinstance(m, cls)), None)
+        if kind is not None:
+            where = "the model itself" if not path else f"submodule {path!r}"
+            raise UnsupportedWrappingError(
+                f"scheduler.{action}: {where} ({type(m).__name__}) is wrapped by {kind}; "
+                "plan the model before wrapping it, then wrap the plan's module: plan = "
+                "scheduler.solve(model, ...), then DistributedDataParallel(plan.module), or "
+                "fully_shard each of plan.units.paths in plan.module and then plan.module "
+                "(docs/distributed.md). The model was not touched")

@@ -25,7 +25,7 @@ from .capture.profile import check_profile_options, profile_step, trace_without_
 from .cost.compiled import check_execution, costs_for
 from .cost.estimate import Estimate
 from .cost.simulate import simulate
-from .distributed import same_schedule
+from .distributed import check_unwrapped, same_schedule
 from .ir.graph import CostGraph
 from .ir.schedule import Schedule, ScheduleError
 from .measurement.step import measure
@@ -185,6 +185,7 @@ def apply(model: nn.Module, schedule: Schedule | str | Path,
             that its shapes cannot be checked: its predicted memory holds only for those.
     """
     check_on_fallback(on_fallback)
+    check_unwrapped(model, "apply")
     if not isinstance(schedule, Schedule):
         schedule = Schedule.load(schedule)
     if schedule.meta.get(UNITS):  # (a units plan: the model's own forward runs it)
@@ -336,6 +337,7 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
         >>> plan = scheduler.solve(model, (x,), budget="60%", solver="greedy")  # doctest: +SKIP
         >>> loss = plan.module(x).sum(); loss.backward()  # doctest: +SKIP
     """
+    check_unwrapped(model, "solve")
     budget_spec(budget)  # fail now, not after profiling
     check_time_limit(time_limit_s)
     check_execution(execution)

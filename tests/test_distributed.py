@@ -1,6 +1,7 @@
 """Plans under torch.distributed (gloo, CPU, 2 processes): DDP and root-level FSDP2 train with
 the gradients of the unwrapped model on the ranks' concatenated batches, every rank runs rank
-0's schedule, and per-block FSDP2 (whose hooks the traced step bypasses) is refused by name.
+0's schedule, per-block FSDP2 (whose hooks the traced step bypasses) is refused by name, and a
+model wrapped before solving is refused in one line and left as it was.
 
 One spawn of two ranks runs every distributed scenario (`_worker`) and saves what each rank
 saw; the tests read those records. The reference gradients are the unmodified model's, in this
@@ -149,6 +150,19 @@ def _worker(rank: int, port: int, out: str) -> None:
         plain(x).backward()
         rec["plain_fsdp"] = _full_grads(plain)
 
+        # 6. solving or applying to a wrapped model: one line, and the model trains after it
+        # exactly as the same wrapping of an untouched model does
+        for wrap in WRAPS:
+            wrapped = _wrapped(_net(), wrap)
+            rec[f"solve_{wrap}"] = _error(lambda: scheduler.solve(
+                wrapped, (x,), budget=BUDGET, repeats=1))
+            rec[f"apply_{wrap}"] = _error(lambda: scheduler.apply(wrapped, plan.schedule, (x,)))
+            wrapped(x).backward()
+            rec[f"after_{wrap}"] = _full_grads(wrapped)
+            untouched = _wrapped(_net(), wrap)
+            untouched(x).backward()
+            rec[f"untouched_{wrap}"] = _full_grads(untouched)
+
         # a rank whose graph differs (another batch size) is named, on every rank
         rows = BATCH if rank == 0 else BATCH // 2
         rec["mismatch"] = _error(lambda: scheduler.solve(
@@ -157,6 +171,19 @@ def _worker(rank: int, port: int, out: str) -> None:
         rec["crash"] = traceback.format_exc()
     torch.save(rec, Path(out) / f"rank{rank}.pt")
     dist.destroy_process_group()
+
+
+WRAPS = ("ddp", "fsdp_root", "fsdp_blocks")
+
+
+def _wrapped(model: Net, wrap: str) -> nn.Module:
+    if wrap == "ddp":
+        return DistributedDataParallel(model)
+    if wrap == "fsdp_blocks":
+        for block in model.blocks:
+            fully_shard(block)
+    fully_shard(model)
+    return model
 
 
 def _free_port() -> int:
@@ -245,6 +272,26 @@ def test_per_block_fsdp2_runs_a_units_plan(ranks: list[dict[str, Any]]) -> None:
         assert set(rec["units_fsdp"]) == set(rec["plain_fsdp"])
         for name, want in rec["plain_fsdp"].items():
             assert torch.equal(rec["units_fsdp"][name], want), name
+
+
+@pytest.mark.parametrize("wrap", WRAPS)
+def test_a_wrapped_model_is_refused_in_one_line_and_left_untouched(
+        ranks: list[dict[str, Any]], wrap: str) -> None:
+    """`solve` and `apply` on a model wrapped by DDP or FSDP2 (root, or each block then the
+    root) raise one line naming the wrapper and the way out, before touching the model: its
+    next step's gradients equal those of the same wrapping of a model never passed to them."""
+    kind = "DistributedDataParallel" if wrap == "ddp" else "FSDP2's fully_shard"
+    for rec in ranks:
+        for action in ("solve", "apply"):
+            msg = rec[f"{action}_{wrap}"]
+            assert msg is not None and msg.startswith(f"UnsupportedWrappingError: scheduler."
+                                                      f"{action}: the model itself"), msg
+            assert kind in msg and "plan the model before wrapping it" in msg
+            assert "\n" not in msg
+        after, want = rec[f"after_{wrap}"], rec[f"untouched_{wrap}"]
+        assert set(after) == set(want)
+        for name, g in want.items():
+            assert torch.equal(after[name], g), name
 
 
 def test_a_rank_whose_graph_differs_is_named_on_every_rank(

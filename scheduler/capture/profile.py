@@ -17,6 +17,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from ..cost.simulate import simulate
+from ..distributed import check_unwrapped
 from ..ir.graph import CostGraph
 from ..ir.schedule import Schedule
 from ..quantities import format_bytes
@@ -128,6 +129,7 @@ def profile_step(model: nn.Module, example_inputs: Any, *,
     (what `solve` rewrites with)."""
     fake_times = check_profile_options(mode, times, device_spec, headroom)
     check_not_meta(device)
+    check_unwrapped(model, "profile")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     given = specs_as_meta(example_inputs)
