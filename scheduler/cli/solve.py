@@ -29,6 +29,7 @@ examples:
   scheduler solve examples/mlp.py:build --budget 0.5 --solver uniform:4
   scheduler solve examples/gpt.py:build --budget 2GiB --mode fake --device cuda
   scheduler solve examples/gpt.py:build --floor --json
+  scheduler solve examples/gpt.py:build --budget 75% --units auto   # inside its forward
 
 budgets: bytes ('6GiB', '512MB', '1.5e9', '1024') or a fraction of the unscheduled
 predicted peak ('60%', '0.6').
@@ -82,6 +83,12 @@ def add_parser(subparsers: Any) -> None:
         "at full cost, fused ops for free); the budget holds for the eager peak",
     )
     parser.add_argument(
+        "--units", default=None, metavar="auto|GLOB",
+        help="run the plan inside the model's own forward, taking over these submodules: "
+        "auto (repeated blocks: docs/units.md) or a glob of module paths ('model.layers.*'); "
+        "default: one traced graph of the whole step. apply reads them from the schedule",
+    )
+    parser.add_argument(
         "--repeats", type=positive_int, default=None, metavar="N",
         help="timed profile steps (default: the profiler's own default)",
     )
@@ -106,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
     from scheduler.solvers import get_solver
 
     if args.floor:
+        if args.units is not None:
+            raise ValueError("--units does not combine with --floor yet: the floor is of the "
+                             "whole-graph plan; solve with --units and a budget instead")
         return run_floor(args)
 
     out: Path = args.out if args.out is not None else default_out(args.model_spec).with_suffix(
@@ -121,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     model, inputs, loss_fn = load_factory(args.model_spec)
     kwargs: dict[str, Any] = dict(budget=args.budget, loss_fn=loss_fn, solver=args.solver,
                                   time_limit_s=args.time_limit, headroom=args.headroom,
-                                  execution=args.execution, **options)
+                                  execution=args.execution, units=args.units, **options)
     if args.repeats is not None:
         kwargs["repeats"] = args.repeats
     if args.quiet:
@@ -231,6 +241,9 @@ def print_plan(plan: Any, out: Path) -> None:
         table.add_row("predicted step", format_seconds(e.step_s))
     table.add_row("regions", f"{len(plan.schedule.regions)} "
                   f"({len(plan.schedule.recompute_regions)} recomputed)")
+    units = getattr(plan, "units", None)
+    if units is not None and units.paths:
+        table.add_row("runs", f"inside the model's own forward, in its units: {units.why}")
     console = Console()
     console.print(table)
     console.print(f"wrote {out}", soft_wrap=True, markup=False, highlight=False)

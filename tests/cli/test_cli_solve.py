@@ -234,3 +234,27 @@ def test_solve_table_names_the_space_and_an_unproven_bound(capsys, status, space
         assert fragment in out, fragment
     for fragment in hidden:
         assert fragment not in out, fragment
+
+
+def test_solve_with_units_then_apply_runs_inside_the_models_forward(factory, tmp_path):
+    """``solve --units auto`` records the units in the schedule; ``apply`` builds the units
+    plan from it (the model's own forward, its blocks planned) and measures it within the
+    budget; ``--units`` with ``--floor`` is one line."""
+    out = tmp_path / "units.schedule.json"
+    code, stdout, _ = run(["solve", f"{factory}:small", "--budget", "75%", "--solver", "greedy",
+                           "--repeats", "1", "--units", "auto", "--out", str(out)])
+    assert code == 0 and "inside the model's own forward" in stdout
+    schedule = Schedule.load(out)
+    assert schedule.meta["units"]["paths"] == ["blocks.0", "blocks.1", "blocks.2"]
+    from examples.mlp import build
+
+    model, inputs = build(batch=256, dim=32, depth=3)
+    module = scheduler.apply(model, schedule, inputs)
+    units = scheduler.units.units_plan(module)
+    measured = scheduler.measure(module, inputs, repeats=1)
+    assert units.planned_calls > 0 and units.fallback_calls == 0
+    code, stdout, _ = run(["apply", f"{factory}:small", str(out), "--repeats", "1"])
+    assert code == 0 and format_bytes(measured.peak_bytes) in stdout
+    assert measured.peak_bytes <= schedule.budget_bytes and "fits" in stdout
+    code, _, err = run(["solve", f"{factory}:small", "--floor", "--units", "auto"])
+    assert code == 2 and "--units does not combine with --floor" in one_error_line(err)
