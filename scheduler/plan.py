@@ -7,7 +7,6 @@ the model into a `Plan`; ``solve_graph`` is the torch-free middle step on a `Cos
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import numbers
 from collections.abc import Mapping
@@ -20,8 +19,7 @@ import torch.nn as nn
 
 from .budget import budget_spec, infeasible_error, parse_budget
 from .capture.calls import call_inputs
-from .capture.eager_choices import eager_choices
-from .capture.profile import check_profile_options, profile_step, trace_without_running
+from .capture.profile import check_profile_options, trace_without_running
 from .cost.compiled import check_execution, costs_for
 from .cost.estimate import Estimate
 from .cost.simulate import simulate
@@ -34,8 +32,7 @@ from .rewrite import check_on_fallback, rewrite
 from .solvers.base import INFEASIBLE, SolveResult, get_solver
 from .solvers.stash import solve_with_rng_stash
 from .step_checks import INPUT_SHAPES, check_shapes, input_shapes, own_peak
-from .units import (UnitChoice, called_once, find_units, gives_positions, rewrite_units,
-                    without_cache)
+from .units import UnitChoice, profile_units, rewrite_units
 from .units.apply import UNITS, apply_units, units_meta
 from .quantities import check_time_limit, format_bytes, format_seconds
 
@@ -345,17 +342,12 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     get_solver(solver)
     check_profile_options(mode, times, device_spec)
     say = progress or (lambda _msg: None)
-    choice = find_units(model, units)
-    unpacked = not gives_positions(model, example_inputs)
-    with eager_choices(unpacked=unpacked) if choice.paths else contextlib.nullcontext():
-        gm, graph, inputs = profile_step(
-            model, without_cache(model, example_inputs) if choice.paths else example_inputs,
-            loss_fn=loss_fn, repeats=repeats, progress=say, mode=mode, times=times,
-            device=device, device_spec=device_spec, small_inputs=small_inputs)
-    choice = called_once(graph, choice)
+    gm, graph, inputs, choice = profile_units(
+        model, example_inputs, units, loss_fn=loss_fn, repeats=repeats, progress=say,
+        mode=mode, times=times, device=device, device_spec=device_spec,
+        small_inputs=small_inputs)
     if choice.paths:
         say(f"units: {choice.why}")
-        graph = dataclasses.replace(graph, units=choice.paths)
     say(f"solving with {solver}")
     result = solve_graph(graph, budget, solver=solver, time_limit_s=time_limit_s,
                          headroom=headroom, execution=execution)

@@ -113,9 +113,6 @@ def run(args: argparse.Namespace) -> int:
     from scheduler.solvers import get_solver
 
     if args.floor:
-        if args.units is not None:
-            raise ValueError("--units does not combine with --floor yet: the floor is of the "
-                             "whole-graph plan; solve with --units and a budget instead")
         return run_floor(args)
 
     out: Path = args.out if args.out is not None else default_out(args.model_spec).with_suffix(
@@ -157,7 +154,7 @@ def run_floor(args: argparse.Namespace) -> int:
 
     model, inputs, loss_fn = load_factory(args.model_spec)
     kwargs: dict[str, Any] = dict(loss_fn=loss_fn, time_limit_s=args.time_limit,
-                                  **profile_options(args))
+                                  units=args.units, **profile_options(args))
     if args.repeats is not None:
         kwargs["repeats"] = args.repeats
     found = floor(model, inputs, **kwargs)

@@ -10,20 +10,16 @@ checks its fingerprint against the schedule's, and builds the planned copy
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from ..capture.eager_choices import eager_choices
-from ..capture.profile import profile_step
 from ..ir.region import ScheduleError
 from ..ir.schedule import Schedule
-from .find import find_units
 from .runtime import rewrite_units
-from .step import gives_positions, without_cache
+from .step import profile_units
 
 __all__ = ["UNITS", "apply_units", "units_meta"]
 
@@ -52,14 +48,17 @@ def apply_units(model: nn.Module, schedule: Schedule, example_inputs: Any, *,
         raise ScheduleError(f"the schedule's units record ({saved!r}) names no unit; solve "
                             "again with units='auto'")
     try:
-        find_units(model, list(paths))
+        gm, graph, inputs, choice = profile_units(
+            model, example_inputs, list(paths), loss_fn=loss_fn, repeats=1, mode="fake",
+            times="roofline", device_spec="cpu")
     except ValueError as e:
+        if not str(e).startswith("units="):
+            raise
         raise ScheduleError(f"the schedule's units are not {type(model).__name__}'s "
                             f"modules: {e}") from None
-    batch = without_cache(model, example_inputs)
-    with eager_choices(unpacked=not gives_positions(model, example_inputs)):
-        gm, graph, inputs = profile_step(model, batch, loss_fn=loss_fn, repeats=1,
-                                         mode="fake", times="roofline", device_spec="cpu")
+    if choice.paths != paths:
+        raise ScheduleError(f"the schedule's units {list(paths)} are not all called once in "
+                            f"{type(model).__name__}'s step ({choice.why}); solve again for it")
     if schedule.fingerprint and graph.fingerprint != schedule.fingerprint:
         raise ScheduleError(
             f"the schedule was made for a graph with fingerprint {schedule.fingerprint!r}, "
@@ -67,6 +66,6 @@ def apply_units(model: nn.Module, schedule: Schedule, example_inputs: Any, *,
             f"has {graph.fingerprint!r}: the model's structure or input shapes differ; solve "
             "again for it")
     info = gm.meta["scheduler"]
-    return rewrite_units(model, dataclasses.replace(graph, units=paths), schedule,
+    return rewrite_units(model, graph, schedule,
                          tracer=info.tracer, why=str(saved.get("why", "")),
                          on_fallback=on_fallback, loss_fn=info.loss_fn, inputs=inputs)

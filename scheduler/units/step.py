@@ -1,20 +1,24 @@
-"""A profiled step fitted to its units: the inputs it is profiled with (`without_cache`) and
-the units it keeps (`called_once`)."""
+"""A profiled step fitted to its units: the inputs it is profiled with (`without_cache`), the
+units it keeps (`called_once`), and the profile itself (`profile_units`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 from collections.abc import Mapping
 from typing import Any
 
+import torch.fx as fx
 import torch.nn as nn
 
+from ..capture.eager_choices import eager_choices
+from ..capture.profile import profile_step
 from ..ir.graph import CostGraph
 from ..ir.replays import unit_calls
-from .find import UnitChoice
+from .find import UnitChoice, find_units
 
-__all__ = ["called_once", "gives_positions", "without_cache"]
+__all__ = ["called_once", "gives_positions", "profile_units", "without_cache"]
 
 
 def gives_positions(model: nn.Module, example_inputs: Any) -> bool:
@@ -63,3 +67,21 @@ def called_once(graph: CostGraph, choice: UnitChoice) -> UnitChoice:
         return UnitChoice((), f"{choice.why}, but fewer than two are called once in the step"
                               f"{note}: one traced graph for the whole step")
     return UnitChoice(keep, choice.why + note)
+
+
+def profile_units(model: nn.Module, example_inputs: Any, units: Any, **kwargs: Any
+                  ) -> tuple[fx.GraphModule, CostGraph, tuple[Any, ...], UnitChoice]:
+    """`capture.profile.profile_step` of ``model`` as `scheduler.solve` profiles it for
+    ``units`` (`find.find_units`): with units, the eager step (`capture.eager_choices`,
+    `without_cache`) and the graph's ``units`` set to those called once (`called_once`).
+    Returns the traced step, the graph, the positional inputs and the units chosen."""
+    choice = find_units(model, units)
+    unpacked = not gives_positions(model, example_inputs)
+    with eager_choices(unpacked=unpacked) if choice.paths else contextlib.nullcontext():
+        gm, graph, inputs = profile_step(
+            model, without_cache(model, example_inputs) if choice.paths else example_inputs,
+            **kwargs)
+    choice = called_once(graph, choice)
+    if choice.paths:
+        graph = dataclasses.replace(graph, units=choice.paths)
+    return gm, graph, inputs, choice

@@ -12,12 +12,13 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from ..capture.profile import check_profile_options, profile_step
+from ..capture.profile import check_profile_options
 from ..ir.graph import CostGraph
 from ..solvers.config import SolverConfig
 from ..solvers.floor import Floor
 from ..solvers.floor import floor as graph_floor
 from ..quantities import check_time_limit
+from ..units.step import profile_units
 
 __all__ = ["Floor", "floor"]
 
@@ -27,7 +28,8 @@ def floor(model_or_graph: nn.Module | CostGraph,
           time_limit_s: float | None = 30.0,
           loss_fn: Callable[[Any], torch.Tensor] | None = None, repeats: int = 3,
           mode: str = "auto", times: str | None = None, device: Any = None,
-          device_spec: Any = None, config: SolverConfig | None = None) -> Floor:
+          device_spec: Any = None, config: SolverConfig | None = None,
+          units: Any = None) -> Floor:
     """The least peak of any schedule found (``bytes``, with its ``schedule``), the proven
     lower bound beside it (``lower_bound_bytes``, over ``space``; ``universal_bytes`` for any
     schedule at all), and a ``status`` (``OPTIMAL`` when they meet).
@@ -42,6 +44,9 @@ def floor(model_or_graph: nn.Module | CostGraph,
             ``budget=floor.bytes`` with the same limit solves in this process (which keeps
             the floor); at ``floor.reproducible_bytes``, where set, in a new process too.
         config: the solvers' tunables.
+        units: with a model, the units `scheduler.solve` would plan with (``"auto"``, a class,
+            globs or a predicate; `units.find_units`): the floor of that units plan, whose
+            regions stay inside the units' calls. None (default): the whole-graph plan's.
 
     Raises:
         ValueError: a graph given with inputs, a model without them, or a bad time limit.
@@ -59,7 +64,7 @@ def floor(model_or_graph: nn.Module | CostGraph,
         if isinstance(example_inputs, torch.Tensor):
             example_inputs = (example_inputs,)
         check_profile_options(mode, times, device_spec)
-        _, graph, _ = profile_step(model_or_graph, example_inputs, loss_fn=loss_fn,
-                                   repeats=repeats, progress=lambda _m: None, mode=mode,
-                                   times=times, device=device, device_spec=device_spec)
+        _, graph, _, _ = profile_units(model_or_graph, example_inputs, units, loss_fn=loss_fn,
+                                       repeats=repeats, progress=lambda _m: None, mode=mode,
+                                       times=times, device=device, device_spec=device_spec)
     return graph_floor(graph, time_limit_s=time_limit_s, config=config)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import textwrap
 from pathlib import Path
 
@@ -239,7 +240,7 @@ def test_solve_table_names_the_space_and_an_unproven_bound(capsys, status, space
 def test_solve_with_units_then_apply_runs_inside_the_models_forward(factory, tmp_path):
     """``solve --units auto`` records the units in the schedule; ``apply`` builds the units
     plan from it (the model's own forward, its blocks planned) and measures it within the
-    budget; ``--units`` with ``--floor`` is one line."""
+    budget; ``--floor --units auto`` names the units plan's floor, which solves."""
     out = tmp_path / "units.schedule.json"
     code, stdout, _ = run(["solve", f"{factory}:small", "--budget", "75%", "--solver", "greedy",
                            "--repeats", "1", "--units", "auto", "--out", str(out)])
@@ -256,5 +257,10 @@ def test_solve_with_units_then_apply_runs_inside_the_models_forward(factory, tmp
     code, stdout, _ = run(["apply", f"{factory}:small", str(out), "--repeats", "1"])
     assert code == 0 and format_bytes(measured.peak_bytes) in stdout
     assert measured.peak_bytes <= schedule.budget_bytes and "fits" in stdout
-    code, _, err = run(["solve", f"{factory}:small", "--floor", "--units", "auto"])
-    assert code == 2 and "--units does not combine with --floor" in one_error_line(err)
+    code, stdout, _ = run(["solve", f"{factory}:small", "--floor", "--json", "--units", "auto",
+                           "--repeats", "1", "--time-limit", "5"])
+    assert code == 0
+    least = json.loads(stdout)["bytes"]
+    code, _, _ = run(["solve", f"{factory}:small", "--budget", str(least), "--units", "auto",
+                      "--repeats", "1", "--time-limit", "5", "--out", str(out), "--quiet"])
+    assert code == 0 and Schedule.load(out).estimate["peak_bytes"] <= least
