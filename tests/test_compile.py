@@ -246,3 +246,14 @@ def test_export_path_compiles_to_one_graph() -> None:
     ref = grads(model, **batch)
     torch.testing.assert_close(grads(torch.compile(plan.module, backend=AOT, fullgraph=True),
                                      **batch), ref)
+
+
+def test_units_plan_compiles_to_one_graph_with_the_models_gradients() -> None:
+    """A units plan (the model's own forward, its blocks planned) traced its units when solved
+    (the step ran for real), so torch.compile captures the step in one graph, fullgraph,
+    with the model's loss and gradients."""
+    model, inputs = gpt()
+    plan = scheduler.solve(model, inputs, budget="60%", solver="greedy", units="auto")
+    assert plan.units.paths and scheduler.units.units_plan(plan.module).traces > 0
+    assert scheduler.units.units_plan(plan.module).planned_calls == 0
+    assert_one_graph_with_the_models_gradients(model, inputs, plan)

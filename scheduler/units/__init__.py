@@ -4,7 +4,7 @@ them)."""
 
 from .find import UnitChoice, find_units
 from .runtime import UnitForward, UnitsPlan, rewrite_units, units_plan
-from .step import called_once, gives_positions, profile_units, without_cache
+from .step import called_once, gives_positions, profile_units, warm_up, without_cache
 
 __all__ = ["UnitChoice", "UnitForward", "UnitsPlan", "called_once", "find_units", "gives_positions",
-           "profile_units", "rewrite_units", "units_plan", "without_cache"]
+           "profile_units", "rewrite_units", "units_plan", "warm_up", "without_cache"]

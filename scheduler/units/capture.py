@@ -32,9 +32,16 @@ MODULE = "transformers.utils.output_capturing"
 
 
 def active() -> dict[str, Any] | None:
-    """The collector transformers' output capture has open now, or None."""
+    """The collector transformers' output capture has open now, or None. Under
+    ``torch.compile`` the one transformers opened there (its ``CompileableContextVar`` keeps
+    it in a plain attribute while compiling: dynamo cannot read a ``ContextVar``)."""
     mod = sys.modules.get(MODULE)
-    return None if mod is None else mod._active_collector.get()
+    if mod is None:
+        return None
+    var = mod._active_collector
+    if torch.compiler.is_compiling():
+        return var.global_var if getattr(var, "compiling", False) else None
+    return var.get()
 
 
 def signature(collector: dict[str, Any] | None) -> tuple | None:

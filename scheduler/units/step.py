@@ -9,16 +9,19 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 import torch.fx as fx
 import torch.nn as nn
 
 from ..capture.eager_choices import eager_choices
 from ..capture.profile import profile_step
+from ..capture.trace import preserved_state
 from ..ir.graph import CostGraph
 from ..ir.replays import unit_calls
 from .find import UnitChoice, find_units
+from .runtime import units_plan
 
-__all__ = ["called_once", "gives_positions", "profile_units", "without_cache"]
+__all__ = ["called_once", "gives_positions", "profile_units", "warm_up", "without_cache"]
 
 
 def gives_positions(model: nn.Module, example_inputs: Any) -> bool:
@@ -85,3 +88,17 @@ def profile_units(model: nn.Module, example_inputs: Any, units: Any, **kwargs: A
     if choice.paths:
         graph = dataclasses.replace(graph, units=choice.paths)
     return gm, graph, inputs, choice
+
+
+def warm_up(module: nn.Module, inputs: tuple[Any, ...]) -> None:
+    """One forward of a units plan's ``module`` on the inputs it was solved with (gradients on;
+    buffers, gradients and RNG restored after; its counts reset): each unit traces its call
+    now rather than at the first training call, so that ``torch.compile(module)`` meets
+    traced units and captures the step in one graph."""
+    plan = units_plan(module)
+    if plan is None or not module.training:
+        return
+    with preserved_state(module), torch.enable_grad():
+        module(*inputs)
+    for forward in plan.forwards.values():
+        forward.planned_steps = forward.fallback_steps = 0
