@@ -66,7 +66,7 @@ def test_the_workflows_reject_a_bad_time_limit_before_any_work(limit, monkeypatc
     def no_profiling(*args, **kwargs):
         raise AssertionError("profiled before checking the time limit")
 
-    monkeypatch.setattr(scheduler.plan, "profile_step", no_profiling)
+    monkeypatch.setattr(scheduler.units.step, "profile_step", no_profiling)  # (solve's)
     model, inputs = _model(), (torch.randn(4, 8),)
     calls = [
         lambda: scheduler.solve(model, inputs, budget="50%", time_limit_s=limit),
