@@ -18,6 +18,7 @@ from scheduler.ir.region import KEEP, RECOMPUTE, Region, ScheduleError
 from scheduler.ir.replays import check, legalize, unit_calls
 from scheduler.ir.schedule import Schedule
 from scheduler.measurement.step import measure
+from scheduler.capture.usercode import UserCodeWarning
 from scheduler.units import find_units, units_plan
 
 transformers = pytest.importorskip("transformers")
@@ -148,6 +149,28 @@ def test_hooks_fire_once_per_training_call(llama_plans: dict[str, Any]) -> None:
         for p in model.parameters():
             p.grad = None
     assert sorted(fired) == sorted([planned_unit, "model.norm", "lm_head"])
+
+
+def test_solve_warns_only_of_the_hooks_inside_planned_units() -> None:
+    """Hooks registered before solving: on a module inside a unit (lost in a planned call),
+    on a unit and outside the units (they fire). One warning, naming only the first; a
+    training step fires exactly the other two."""
+    model = tiny_llama()
+    fired: list[str] = []
+    for path in ("model.layers.0.mlp", "model.layers.1", "model.norm"):
+        model.get_submodule(path).register_forward_hook(lambda *a, p=path: fired.append(p))
+    x = torch.randint(0, 128, (2, 64), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": x, "labels": x, "use_cache": False}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan = scheduler.solve(model, batch, budget=0.6, solver="every_block", units="auto")
+    said = [str(w.message) for w in caught if issubclass(w.category, UserCodeWarning)]
+    assert len(said) == 1 and "'model.layers.0.mlp'" in said[0], said
+    assert "'model.layers.1'" not in said[0] and "'model.norm'" not in said[0]
+    assert "model.layers.0" in units_plan(plan.module).forwards
+    fired.clear()
+    plan.module(**batch).loss.backward()
+    assert fired == ["model.layers.1", "model.norm"]
 
 
 def test_hf_gradient_checkpointing_on_a_plan_is_refused(llama_plans: dict[str, Any]) -> None:

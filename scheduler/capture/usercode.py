@@ -47,7 +47,8 @@ from torch.nn.modules import module as torch_module
 
 __all__ = ["UserCodeWarning", "LostHook", "LIBRARY_HOOKS", "STEP_FILE", "Watch",
            "plain_checkpoints", "called_modules", "export_quietly", "first_line",
-           "is_library_hook", "unfired_hooks", "warn_user_code", "is_user_file", "where"]
+           "is_library_hook", "unfired_hooks", "warn_user_code", "is_user_file", "where",
+           "within_units"]
 
 #: File name of the generated step module's ``forward`` (scheduler code, not the user's).
 STEP_FILE = "<scheduler step>"
@@ -232,9 +233,30 @@ def _name(hook: Any) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
+_UNITS = threading.local()
+
+
+@contextlib.contextmanager
+def within_units(paths: Collection[str]) -> Iterator[None]:
+    """While tracing the step of a units plan (``paths``: its units): only hooks on modules
+    inside a unit are lost (the model's own code and the units themselves are called as
+    modules), so `warn_user_code` names only those."""
+    before = getattr(_UNITS, "paths", ())
+    _UNITS.paths = tuple(paths)
+    try:
+        yield
+    finally:
+        _UNITS.paths = before
+
+
 def warn_user_code(model_name: str, tracer: str, checkpoints: Collection[str],
                    hooks: Collection[LostHook]) -> None:
-    """Warn (`UserCodeWarning`) about the model's own checkpoint calls and its lost hooks."""
+    """Warn (`UserCodeWarning`) about the model's own checkpoint calls and its lost hooks
+    (under `within_units`, those inside the units)."""
+    units = getattr(_UNITS, "paths", ())
+    if units:
+        hooks = [h for h in hooks if h.module is None
+                 or any(h.module.startswith(u + ".") for u in units)]
     if checkpoints:
         _warn(f"{model_name} calls torch.utils.checkpoint itself (at {', '.join(checkpoints)}). "
               "The plan replaces the model's own checkpointing: it was traced without it, and "
@@ -248,11 +270,15 @@ def warn_user_code(model_name: str, tracer: str, checkpoints: Collection[str],
         names = "; ".join(f"{h.kind} {h.hook} on " + (
             repr(h.module) if h.module is not None
             else "every module (global; the inlined ones will not run it)") for h in hooks)
-        where_to = ("root model (its hooks fire) or on a leaf module, one the trace calls as "
+        where_to = ("unit itself or on a module outside the units (those are called as "
+                    "modules: their hooks fire)" if units else
+                    "root model (its hooks fire) or on a leaf module, one the trace calls as "
                     "a module (torch.nn layers such as nn.Linear)" if tracer == "fx" else
                     "root model (its hooks fire; the export path inlines every submodule)")
+        why = ("the plan's units run them as traced regions" if units else
+               "the trace inlines the modules they belong to")
         _warn(f"{model_name}: these module hooks will not run in the plan's training step, "
-              f"because the trace inlines the modules they belong to: {names}. They ran while "
+              f"because {why}: {names}. They ran while "
               "tracing: what a forward hook computes on tensors is part of the traced graph, "
               "but nothing else it does (recording, counting, logging) happens in the plan's "
               f"step, and backward hooks on these modules do not run at all. Register the hook "

@@ -38,6 +38,7 @@ from torch.utils import _pytree as pytree
 from ..capture.calls import autocast_state, constant_key, input_specs, module_copy
 from ..capture.fingerprint import target_str
 from ..capture.trace import MODEL_ATTR, model_nodes, trace
+from ..capture.usercode import UserCodeWarning
 from ..ir.graph import CostGraph
 from ..ir.region import Region, ScheduleError
 from ..ir.replays import check, unit_calls
@@ -359,7 +360,9 @@ class UnitForward:
         forward = self.base if not self._bound else (lambda unit, *a, **k: self.base(*a, **k))
         call = _UnitCall(self.module, forward, spec, consts, collector)
         try:
-            gm = trace(call, tensors, tracer=self.tracer)
+            with warnings.catch_warnings():  # (its lost hooks: said when the step was profiled)
+                warnings.simplefilter("ignore", UserCodeWarning)
+                gm = trace(call, tensors, tracer=self.tracer)
         except RuntimeError as e:
             return f"the unit could not be traced at this call ({first_line(e)})"
         finally:

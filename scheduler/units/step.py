@@ -16,6 +16,7 @@ import torch.nn as nn
 from ..capture.eager_choices import eager_choices
 from ..capture.profile import profile_step
 from ..capture.trace import preserved_state
+from ..capture.usercode import within_units
 from ..ir.graph import CostGraph
 from ..ir.replays import unit_calls
 from .find import UnitChoice, find_units
@@ -80,7 +81,8 @@ def profile_units(model: nn.Module, example_inputs: Any, units: Any, **kwargs: A
     Returns the traced step, the graph, the positional inputs and the units chosen."""
     choice = find_units(model, units)
     unpacked = not gives_positions(model, example_inputs)
-    with eager_choices(unpacked=unpacked) if choice.paths else contextlib.nullcontext():
+    with (eager_choices(unpacked=unpacked) if choice.paths else contextlib.nullcontext(),
+          within_units(choice.paths)):
         gm, graph, inputs = profile_step(
             model, without_cache(model, example_inputs) if choice.paths else example_inputs,
             **kwargs)
