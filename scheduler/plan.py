@@ -264,7 +264,7 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
           progress: Callable[[str], None] | None = None, mode: str = "auto",
           times: str | None = None, device: str | torch.device | None = None,
           device_spec: Any = None, small_inputs: Sequence[Any] | None = None,
-          execution: str = "eager", on_fallback: str = "warn", units: Any = None) -> Plan:
+          execution: str = "eager", on_fallback: str = "warn", units: Any = "default") -> Plan:
     """Find the checkpointing schedule with the least recompute time whose predicted peak
     memory fits ``budget``, and apply it.
 
@@ -312,8 +312,9 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
         units: the submodules the plan takes over (`units.find_units`): ``"auto"`` (the
             repeated blocks, a Hugging Face model's ``_no_split_modules``, modules wrapped by
             ``fully_shard``), a module class, a glob of module paths, a predicate ``(path,
-            module) -> bool``; or None (default, for now) for one traced graph of the whole
-            step. With units, ``plan.module`` runs the model's own ``forward`` (its
+            module) -> bool``; or None for one traced graph of the whole step. The default,
+            ``"default"``, is ``"auto"`` for a model that declares ``_no_split_modules``
+            (Hugging Face, diffusers) and None for the rest (`units.find`). With units, ``plan.module`` runs the model's own ``forward`` (its
             signature, masks, hooks: what ``transformers.Trainer`` needs) and each unit's
             regions inside its calls (`units.runtime`), and the step is profiled as the
             model runs it eagerly; without, the traced step replaces the forward

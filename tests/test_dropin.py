@@ -69,8 +69,9 @@ def assert_same(got: tuple[torch.Tensor, list[torch.Tensor]],
     assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
 
 
-def solve(model: nn.Module, inputs: Any, solver: str = "uniform:2") -> Any:
-    plan = scheduler.solve(model, inputs, budget=1.0, solver=solver, repeats=1)
+def solve(model: nn.Module, inputs: Any, solver: str = "uniform:2", units: Any = "default"
+          ) -> Any:
+    plan = scheduler.solve(model, inputs, budget=1.0, solver=solver, repeats=1, units=units)
     assert plan.schedule.recompute_regions, "the test needs a schedule that recomputes"
     return plan
 
@@ -185,7 +186,7 @@ def test_root_hooks_fire_once_per_call(path: str) -> None:
         model.register_forward_hook(lambda m, args, out: calls.append("post"))
         return model
 
-    plan = solve(hooked(), (x,))
+    plan = solve(hooked(), (x,), units=None)  # the traced step's own paths
     assert planned(plan.module).info.tracer == path
     calls.clear()
     got = step(plan.module, x)

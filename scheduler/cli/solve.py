@@ -83,10 +83,12 @@ def add_parser(subparsers: Any) -> None:
         "at full cost, fused ops for free); the budget holds for the eager peak",
     )
     parser.add_argument(
-        "--units", default=None, metavar="auto|GLOB",
+        "--units", default="default", type=units_arg, metavar="auto|none|GLOB",
         help="run the plan inside the model's own forward, taking over these submodules: "
         "auto (repeated blocks: docs/units.md) or a glob of module paths ('model.layers.*'); "
-        "default: one traced graph of the whole step. apply reads them from the schedule",
+        "none: one traced graph of the whole step; default: auto for a model with "
+        "_no_split_modules (Hugging Face), none for the rest. apply reads them from the "
+        "schedule",
     )
     parser.add_argument(
         "--repeats", type=positive_int, default=None, metavar="N",
@@ -103,6 +105,11 @@ def add_parser(subparsers: Any) -> None:
         help="print no spinner and no summary; errors still go to stderr",
     )
     parser.set_defaults(func=run)
+
+
+def units_arg(text: str) -> str | None:
+    """``--units``: ``none`` is one traced graph (None); anything else as given."""
+    return None if text.lower() == "none" else text
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,11 @@ own ``forward``, run as written. ``units="auto"`` looks, in order, for
 3. the children of a ``ModuleList`` or ``nn.Sequential`` with identical structure (two or
    more of one class, with the same parameter names, shapes and dtypes);
 
-and takes the first rule that finds two or more. Users name units with a class, a glob of
+and takes the first rule that finds two or more. ``units="default"`` (what `scheduler.solve`
+takes when none is named) is ``"auto"`` for a model that declares its blocks in
+``_no_split_modules`` (Hugging Face, diffusers: their traced graph is not what their eager
+forward runs, which builds no causal mask and keeps the cache out of training), and None (one
+traced graph for the whole step, whose regions may span blocks) for the rest. Users name units with a class, a glob of
 module paths (``"model.layers.*"``), a list of globs, or a predicate ``(path, module) ->
 bool``. Only the outermost of nested matches are units, and never the root.
 """
@@ -21,7 +25,11 @@ from typing import Any, Callable
 
 import torch.nn as nn
 
-__all__ = ["UnitChoice", "find_units"]
+__all__ = ["DEFAULT", "UnitChoice", "find_units"]
+
+#: ``units=`` when none is named: ``"auto"`` where the model declares ``_no_split_modules``,
+#: else None (see the module docstring)
+DEFAULT = "default"
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,11 @@ def find_units(model: nn.Module, units: Any = "auto") -> UnitChoice:
         ValueError: ``units`` names no submodule, or is of a kind not understood (the
             message names the value and the forms it can take).
     """
+    if isinstance(units, str) and units == DEFAULT:
+        if not getattr(model, "_no_split_modules", None):
+            return UnitChoice((), "the default for a model without _no_split_modules: one "
+                                  "traced graph for the whole step (units='auto': its blocks)")
+        units = "auto"
     if units is None or units is False:
         return UnitChoice((), "units=None: one traced graph for the whole step")
     mods = [(p, m) for p, m in model.named_modules() if p]
@@ -55,7 +68,7 @@ def find_units(model: nn.Module, units: Any = "auto") -> UnitChoice:
         pick, what = units, f"predicate {getattr(units, '__name__', 'units')}"
     else:
         raise ValueError(
-            f"units={units!r} is not understood: pass 'auto', None (one graph for the whole "
+            f"units={units!r} is not understood: pass 'auto', 'default', None (one graph for the whole "
             "step), a module class, a glob of module paths such as 'model.layers.*' (or a "
             "list of them), or a predicate (path, module) -> bool")
     paths = _outermost([p for p, m in mods if pick(p, m)])

@@ -29,7 +29,7 @@ def floor(model_or_graph: nn.Module | CostGraph,
           loss_fn: Callable[[Any], torch.Tensor] | None = None, repeats: int = 3,
           mode: str = "auto", times: str | None = None, device: Any = None,
           device_spec: Any = None, config: SolverConfig | None = None,
-          units: Any = None) -> Floor:
+          units: Any = "default") -> Floor:
     """The least peak of any schedule found (``bytes``, with its ``schedule``), the proven
     lower bound beside it (``lower_bound_bytes``, over ``space``; ``universal_bytes`` for any
     schedule at all), and a ``status`` (``OPTIMAL`` when they meet).
@@ -45,8 +45,8 @@ def floor(model_or_graph: nn.Module | CostGraph,
             the floor); at ``floor.reproducible_bytes``, where set, in a new process too.
         config: the solvers' tunables.
         units: with a model, the units `scheduler.solve` would plan with (``"auto"``, a class,
-            globs or a predicate; `units.find_units`): the floor of that units plan, whose
-            regions stay inside the units' calls. None (default): the whole-graph plan's.
+            globs, a predicate, ``"default"``: `units.find_units`): the floor of that units
+            plan, whose regions stay inside the units' calls; None: the whole-graph plan's.
 
     Raises:
         ValueError: a graph given with inputs, a model without them, or a bad time limit.

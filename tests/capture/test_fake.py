@@ -33,6 +33,8 @@ from scheduler.capture.scratch import without_scratch
 from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import CostGraph
 from scheduler.ir.schedule import Schedule
+from scheduler.units import find_units
+from scheduler.units.step import profile_units
 
 
 def unscheduled(g: CostGraph) -> int:
@@ -77,6 +79,17 @@ def test_fake_memory_equals_real(name: str, profiles: Callable[[str], Profiles])
     assert unscheduled(p.fake) == unscheduled(without_scratch(p.real))
 
 
+def planned_step(p: Profiles) -> tuple[CostGraph, CostGraph]:
+    """The fake and the real profile of the step `scheduler.solve` plans by default: the
+    whole graph's (``p.fake``, ``p.real``), or for a model with units (a Hugging Face
+    model's layers) the eager step run inside them."""
+    if not find_units(p.model, "default").paths:
+        return p.fake, p.real
+    fake = profile_units(p.model, p.inputs, "default", **FAKE)[1]
+    real = profile_units(p.model, p.inputs, "default", mode="real", repeats=1)[1]
+    return fake, real
+
+
 def feasible_fraction(g: CostGraph) -> float:
     """The first of 50%, 60%, 70%, 80%, 90%, 95% of the unscheduled peak that greedy finds a
     schedule for that recomputes something (the fast cases are small models: parameters and
@@ -98,11 +111,12 @@ def feasible_fraction(g: CostGraph) -> float:
 def test_plan_from_fake_profile_fits_when_measured(
         name: str, profiles: Callable[[str], Profiles]) -> None:
     p = profiles(name)
-    fraction = feasible_fraction(p.fake)
+    fake, real = planned_step(p)
+    fraction = feasible_fraction(fake)
     plan = scheduler.solve(p.model, p.inputs, budget=fraction, solver="greedy", **FAKE)
     assert plan.graph.meta["profile"]["mode"] == "fake"
     assert plan.schedule.recompute_regions
-    real_prediction = simulate(without_scratch(p.real), plan.schedule).peak_bytes
+    real_prediction = simulate(without_scratch(real), plan.schedule).peak_bytes
     assert abs(plan.estimate.peak_bytes - real_prediction) <= 0.005 * real_prediction
     measured = scheduler.measure(plan.module, p.inputs, repeats=1, warmup=0).peak_bytes
     print(f"{name}: budget {plan.budget_bytes} ({fraction:.0%}), predicted "
@@ -297,10 +311,11 @@ def test_model_on_meta_is_profiled_and_solved(name: str,
                                          rf"'{first}' is on the meta device"):
         scheduler.profile(meta_model, p.inputs, mode="real")
     # solved on meta, applied to the real model, measured for real
-    fraction = feasible_fraction(p.fake)
+    fake, real = planned_step(p)
+    fraction = feasible_fraction(fake)
     plan = scheduler.solve(meta_model, specs, budget=fraction, solver="greedy", **FAKE)
     assert plan.schedule.recompute_regions
-    assert plan.estimate.peak_bytes == simulate(p.real, plan.schedule).peak_bytes
+    assert plan.estimate.peak_bytes == simulate(real, plan.schedule).peak_bytes
     module = scheduler.apply(p.model, plan.schedule, p.inputs)
     measured = scheduler.measure(module, p.inputs, repeats=1, warmup=0).peak_bytes
     assert measured <= plan.budget_bytes
