@@ -189,12 +189,41 @@ def test_gpt_units_with_dropout_match_the_model() -> None:
     assert plan.units.paths and units_plan(plan.module).forwards
     same_step(model, plan.module, lambda m: m(*inputs))
     assert units_plan(plan.module).fallback_calls == 0
-    # whole-graph plans remain (units=None, the default)
+    # whole-graph plans remain (the default for a model without _no_split_modules)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        flat = scheduler.solve(model, inputs, budget=0.8, time_limit_s=10)  # default: None
+        flat = scheduler.solve(model, inputs, budget=0.8, time_limit_s=10)
     assert not flat.units.paths and "forward" in flat.module.__dict__
     same_step(model, flat.module, lambda m: m(*inputs))
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_an_encoder_plans_its_layers_by_default(attention: str) -> None:
+    """A Hugging Face encoder (BERT: a bidirectional mask, which eager code skips when nothing
+    is padded) is planned in its layers without ``units=`` (it declares _no_split_modules);
+    every layer call runs the plan (none falls back because its ops differ from the
+    profiled step's), loss and gradients equal the model's, and the measured peak is within
+    the budget."""
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(
+        vocab_size=96, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=64, attn_implementation=attention)
+    model = transformers.BertForMaskedLM(cfg).train()
+    g = torch.Generator().manual_seed(0)
+    batch = {"input_ids": torch.randint(0, 96, (2, 32), generator=g),
+             "labels": torch.randint(0, 96, (2, 32), generator=g)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = scheduler.solve(model, batch, budget=0.8, time_limit_s=10)
+    assert plan.units.paths[-3:] == tuple(f"bert.encoder.layer.{i}" for i in range(3))
+    assert "_no_split_modules" in plan.units.why and plan.schedule.recompute_regions
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no unit falls back
+        same_step(model, plan.module, lambda m: m(**batch).loss)
+        got = measure(plan.module, batch, repeats=1, allocator=False).peak_bytes
+    units = units_plan(plan.module)
+    assert units.fallback_calls == 0 and units.planned_calls >= 2 * len(units.forwards)
+    assert got <= plan.budget_bytes
 
 
 def test_regions_are_split_at_the_units(llama_plans: dict[str, Any]) -> None:

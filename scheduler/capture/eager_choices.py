@@ -12,9 +12,12 @@ __all__ = ["EAGER_CHOICES", "choices", "eager_choices"]
 #: Library functions whose answer depends on tensor values, which an export cannot read:
 #: ``(module, name)``. Hugging Face's mask
 #: builder asks them whether eager SDPA may skip the causal mask (``is_causal=True``, no mask)
-#: and whether the positions hold packed sequences; under ``torch.export`` both answer "build
-#: the mask", which eager code does not (+78% peak at sequence 1024 on a small Llama).
+#: or the bidirectional one (an encoder's: ViT, BERT), and whether the positions hold packed
+#: sequences; under ``torch.export`` all answer "build the mask", which eager code does not
+#: (+78% peak at sequence 1024 on a small Llama; on a units plan, a unit whose eager call
+#: differs from the profiled one runs unplanned).
 EAGER_CHOICES = (("transformers.masking_utils", "_ignore_causal_mask_sdpa"),
+                 ("transformers.masking_utils", "_ignore_bidirectional_mask_sdpa"),
                  ("transformers.masking_utils", "find_packed_sequence_indices"))
 
 _REPLAY_CHOICES: list[bool | str] = [False]
@@ -56,7 +59,7 @@ def choices(answers: list[Any], record: bool) -> Iterator[None]:
                 return out
             if answers and answers[0][0] == _name:
                 _, said = answers.pop(0)
-                if isinstance(said, bool) and _name == "_ignore_causal_mask_sdpa":
+                if isinstance(said, bool) and _name != "find_packed_sequence_indices":
                     return said
                 if said is True:  # eager returned None: no packed sequences
                     return None
