@@ -225,20 +225,26 @@ def test_batchnorm_statistics_update_once_per_step_compiled(save: bool) -> None:
 
 
 @pytest.mark.slow  # (a minute of compiling; the fx path's one-graph test stays fast)
-def test_export_path_compiles_to_one_graph() -> None:
-    """A Hugging Face Llama from a config (traced by torch.export), planned and called with a
-    keyword batch: one graph under fullgraph=True, the model's gradients."""
+@pytest.mark.parametrize("units", [None, "default"])
+def test_export_path_compiles_to_one_graph(units: Any) -> None:
+    """A Hugging Face Llama from a config, planned and called with a keyword batch, traced
+    by torch.export (units=None: the whole step; by default: its layers inside its own
+    forward, from a stock config that asks for a cache): one graph under fullgraph=True,
+    the model's gradients."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
                                    num_hidden_layers=2, num_attention_heads=2,
                                    num_key_value_heads=2, max_position_embeddings=64,
-                                   use_cache=False)
+                                   use_cache=units is not None)
     model = transformers.LlamaForCausalLM(cfg).train()
     ids = torch.randint(0, 128, (8, 64), generator=torch.Generator().manual_seed(1))
     batch = {"input_ids": ids, "labels": ids}
-    plan = scheduler.solve(model, batch, budget="80%", solver="greedy")
-    assert scheduler.planned(plan.module).info.tracer == "export"
+    plan = scheduler.solve(model, batch, budget="80%", solver="greedy", units=units)
+    if units is None:
+        assert scheduler.planned(plan.module).info.tracer == "export"
+    else:
+        assert scheduler.units.units_plan(plan.module).forwards
     assert any(r.recompute for r in plan.schedule.regions)
     ex = dynamo.explain(plan.module)(**batch)
     assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons

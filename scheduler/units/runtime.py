@@ -343,7 +343,8 @@ class UnitForward:
         dropped = [k for k in CACHE_KWARGS if kwargs.get(k) not in (None, False)]
         if not dropped:
             return kwargs
-        if "cache" not in self._once:
+        if "cache" not in self._once and not torch.compiler.is_compiling():
+            # (not under compile: a warning breaks the graph; eager calls say it)
             self._once.add("cache")
             warnings.warn(
                 f"the plan's units (first {self.path!r}) were called with a key/value cache "
