@@ -205,13 +205,15 @@ def apply(model: nn.Module, schedule: Schedule | str | Path,
     return module
 
 
-def solve_graph(graph: CostGraph, budget: int | float | str, *, solver: str = "auto",
+def solve_graph(graph: CostGraph | str | Path, budget: int | float | str, *,
+                solver: str = "auto",
                 time_limit_s: float | None = 30.0, headroom: float = 0.0,
                 execution: str = "eager") -> SolveResult:
     """Solve a profiled graph for the schedule with the least recompute time within a budget.
 
     Args:
-        graph: the profiled `CostGraph`.
+        graph: the profiled `CostGraph`, or the path of one saved (`CostGraph.save`,
+            ``scheduler profile``): no model is needed.
         budget: see `parse_budget`; fractions refer to ``simulate(graph, Schedule.none(graph))``.
         solver: a registered solver name (`scheduler.solvers.available`), e.g. ``"auto"``,
             ``"dp"``, ``"greedy"``, ``"uniform:4"``.
@@ -244,6 +246,8 @@ def solve_graph(graph: CostGraph, budget: int | float | str, *, solver: str = "a
     if not (isinstance(headroom, numbers.Real) and 0 <= headroom < 1):
         raise ValueError(f"headroom must be a fraction in [0, 1), got {headroom!r}")
     get_solver(solver)  # (an unknown name fails before anything runs)
+    if not isinstance(graph, CostGraph):
+        graph = CostGraph.load(graph)
     costs = costs_for(graph, execution)
     unconstrained = simulate(costs, Schedule.none(costs)).peak_bytes
     budget_bytes = parse_budget(budget, unconstrained)
@@ -251,9 +255,12 @@ def solve_graph(graph: CostGraph, budget: int | float | str, *, solver: str = "a
     result = solve_with_rng_stash(costs, target, solver, time_limit_s)
     if result.status == INFEASIBLE:
         raise infeasible_error(costs, solver, result, budget_bytes, headroom, budget)
-    if execution != "eager" and result.schedule is not None:
+    stamp = ({"execution": execution} if execution != "eager" else {}) | (
+        units_meta(graph.units, "the units recorded in the profiled graph")
+        if graph.units else {})  # (`apply` runs the plan in them)
+    if stamp and result.schedule is not None:
         result = dataclasses.replace(result, schedule=dataclasses.replace(
-            result.schedule, meta={**result.schedule.meta, "execution": execution}))
+            result.schedule, meta={**result.schedule.meta, **stamp}))
     return result
 
 

@@ -22,6 +22,7 @@ from scheduler.quantities import check_time_limit
 
 __all__ = ["EXIT_BUG", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "PROG", "USER_ERRORS",
            "add_json_and_quiet", "add_model_spec", "add_profile_options", "add_solver_options",
+           "add_units_option", "units_arg",
            "default_out", "describe_user_error", "fraction", "int_list", "names",
            "need_matplotlib", "positive_float", "positive_int", "prepare_out", "profile_model",
            "profile_options", "run_quietly_or_not", "time_limit", "user_errors"]
@@ -72,16 +73,32 @@ def describe_user_error(exc: BaseException) -> str:
 
 
 def profile_model(model: Any, inputs: tuple[Any, ...], *, loss_fn: Any, repeats: int | None,
-                  **options: Any) -> Any:
-    """``scheduler.profile`` with the profiler's default ``repeats`` where None, and the
-    `profile_options` given; the tests replace this hook with a fake (the ``profile`` verb
-    looks it up at each call)."""
-    from scheduler.capture.profile import profile
+                  units: Any = "default", **options: Any) -> Any:
+    """The `CostGraph` `scheduler.solve` would plan for ``units`` (`units.profile_units`),
+    with the profiler's default ``repeats`` where None, and the `profile_options` given; the
+    tests replace this hook with a fake (the ``profile`` verb looks it up at each call)."""
+    from scheduler.units.step import profile_units
 
     kwargs: dict[str, Any] = {"loss_fn": loss_fn, **options}
     if repeats is not None:
         kwargs["repeats"] = repeats
-    return profile(model, inputs, **kwargs)
+    return profile_units(model, inputs, units, progress=lambda _m: None, **kwargs)[1]
+
+
+def add_units_option(parser: argparse.ArgumentParser) -> None:
+    """``--units``: which submodules a plan takes over (`units.find_units`)."""
+    parser.add_argument(
+        "--units", default="default", type=units_arg, metavar="auto|none|GLOB",
+        help="run the plan inside the model's own forward, taking over these submodules: "
+        "auto (repeated blocks: docs/units.md) or a glob of module paths ('model.layers.*'); "
+        "none: one traced graph of the whole step; default: auto for a model with "
+        "_no_split_modules (Hugging Face), none for the rest",
+    )
+
+
+def units_arg(text: str) -> str | None:
+    """``--units``: ``none`` is one traced graph (None); anything else as given."""
+    return None if text.lower() == "none" else text
 
 
 def add_profile_options(parser: argparse.ArgumentParser) -> None:
@@ -194,13 +211,14 @@ def names(values: list[str] | None) -> list[str] | None:
 # ---------------------------------------------------------------------------- shared arguments
 
 
-def add_model_spec(parser: argparse.ArgumentParser) -> None:
-    """The positional MODEL_SPEC."""
+def add_model_spec(parser: argparse.ArgumentParser, *, graphs: bool = False) -> None:
+    """The positional MODEL_SPEC (``graphs``: or a saved CostGraph's ``.json`` file)."""
     parser.add_argument(
         "model_spec",
         metavar="MODEL_SPEC",
         help="'path/to/file.py:factory' or 'package.module:factory'; the factory takes no "
-        "arguments and returns (model, inputs) or (model, inputs, loss_fn)",
+        "arguments and returns (model, inputs) or (model, inputs, loss_fn)" + (
+            "; or GRAPH.json, a profile saved by 'scheduler profile'" if graphs else ""),
     )
 
 

@@ -47,6 +47,7 @@ def add_parser(subparsers: Any) -> None:
         help="timed repetitions per node (default: the profiler's own default)",
     )
     common.add_profile_options(parser)
+    common.add_units_option(parser)
     parser.add_argument(
         "--quiet", action="store_true", help="print no spinner and no summary; errors still go to stderr"
     )
@@ -63,13 +64,13 @@ def run(args: argparse.Namespace) -> int:
     model, inputs, loss_fn = load_factory(args.model_spec)
     if args.quiet:
         graph = common.profile_model(model, inputs, loss_fn=loss_fn, repeats=args.repeats,
-                                     **options)
+                                     units=args.units, **options)
     else:
         from rich.console import Console
 
         with Console(stderr=True).status(f"Profiling {args.model_spec} ..."):
             graph = common.profile_model(model, inputs, loss_fn=loss_fn, repeats=args.repeats,
-                                         **options)
+                                         units=args.units, **options)
     graph.save(out)
     if not args.quiet:
         _print_summary(graph, out)

@@ -11,6 +11,7 @@ from scheduler.cli.common import (
     EXIT_OK,
     add_model_spec,
     add_profile_options,
+    add_units_option,
     default_out,
     positive_int,
     prepare_out,
@@ -30,6 +31,8 @@ examples:
   scheduler solve examples/gpt.py:build --budget 2GiB --mode fake --device cuda
   scheduler solve examples/gpt.py:build --floor --json
   scheduler solve examples/gpt.py:build --budget 75% --units auto   # inside its forward
+  scheduler profile examples/gpt.py:build --mode fake --out g.json
+  scheduler solve g.json --budget 60%                # a saved profile: no model code runs
 
 budgets: bytes ('6GiB', '512MB', '1.5e9', '1024') or a fraction of the unscheduled
 predicted peak ('60%', '0.6').
@@ -46,7 +49,7 @@ def add_parser(subparsers: Any) -> None:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_model_spec(parser)
+    add_model_spec(parser, graphs=True)
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument(
         "--budget", default=None, metavar="BUDGET",
@@ -82,14 +85,7 @@ def add_parser(subparsers: Any) -> None:
         "compiled for torch.compile(plan.module) (matmuls, convolutions and attention replay "
         "at full cost, fused ops for free); the budget holds for the eager peak",
     )
-    parser.add_argument(
-        "--units", default="default", type=units_arg, metavar="auto|none|GLOB",
-        help="run the plan inside the model's own forward, taking over these submodules: "
-        "auto (repeated blocks: docs/units.md) or a glob of module paths ('model.layers.*'); "
-        "none: one traced graph of the whole step; default: auto for a model with "
-        "_no_split_modules (Hugging Face), none for the rest. apply reads them from the "
-        "schedule",
-    )
+    add_units_option(parser)
     parser.add_argument(
         "--repeats", type=positive_int, default=None, metavar="N",
         help="timed profile steps (default: the profiler's own default)",
@@ -107,11 +103,6 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def units_arg(text: str) -> str | None:
-    """``--units``: ``none`` is one traced graph (None); anything else as given."""
-    return None if text.lower() == "none" else text
-
-
 def run(args: argparse.Namespace) -> int:
     """Profile and solve the model, save the plan's schedule, and print it unless --quiet;
     with --floor, print the floor instead."""
@@ -121,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.floor:
         return run_floor(args)
+    graph = saved_graph(args)
+    if graph is not None:
+        return run_graph(args, graph)
 
     out: Path = args.out if args.out is not None else default_out(args.model_spec).with_suffix(
         ".schedule.json")
@@ -159,16 +153,67 @@ def run_floor(args: argparse.Namespace) -> int:
 
     from scheduler.workflows.floor import floor
 
-    model, inputs, loss_fn = load_factory(args.model_spec)
-    kwargs: dict[str, Any] = dict(loss_fn=loss_fn, time_limit_s=args.time_limit,
-                                  units=args.units, **profile_options(args))
-    if args.repeats is not None:
-        kwargs["repeats"] = args.repeats
-    found = floor(model, inputs, **kwargs)
+    graph = saved_graph(args)
+    if graph is not None:
+        found = floor(graph, time_limit_s=args.time_limit)
+    else:
+        model, inputs, loss_fn = load_factory(args.model_spec)
+        kwargs: dict[str, Any] = dict(loss_fn=loss_fn, time_limit_s=args.time_limit,
+                                      units=args.units, **profile_options(args))
+        if args.repeats is not None:
+            kwargs["repeats"] = args.repeats
+        found = floor(model, inputs, **kwargs)
     if args.json:
         print(json.dumps(found.to_dict(), indent=2))
     elif not args.quiet:
         print_floor(found)
+    return EXIT_OK
+
+
+def saved_graph(args: argparse.Namespace) -> Any:
+    """The `CostGraph` MODEL_SPEC names when it is a ``.json`` file (``scheduler profile``'s
+    output), else None. The options that say how to profile a model do not apply to it."""
+    if not args.model_spec.endswith(".json"):
+        return None
+    from scheduler.ir.graph import CostGraph
+
+    given = [flag for flag, value, default in (
+        ("--mode", args.mode, "auto"), ("--times", args.times, None),
+        ("--device", args.device, None), ("--device-spec", args.device_spec, None),
+        ("--repeats", args.repeats, None), ("--units", args.units, "default"))
+        if value != default]
+    if given:
+        raise ValueError(f"{', '.join(given)} say how to profile a model, but "
+                         f"{args.model_spec} is a profiled graph already: drop them, or pass "
+                         "them to 'scheduler profile'")
+    return CostGraph.load(args.model_spec)
+
+
+def run_graph(args: argparse.Namespace, graph: Any) -> int:
+    """Solve a saved `CostGraph` (no model, no torch model code), save the schedule, and
+    print it unless --quiet."""
+    from types import SimpleNamespace
+
+    from scheduler.budget import budget_spec
+    from scheduler.cost.simulate import simulate
+    from scheduler.ir.schedule import Schedule
+    from scheduler.plan import solve_graph
+    from scheduler.units import UnitChoice
+
+    out: Path = args.out if args.out is not None else Path(args.model_spec).with_suffix(
+        ".schedule.json")
+    budget_spec(args.budget)
+    prepare_out(out, "--out", "schedule.json")
+    result = solve_graph(graph, args.budget, solver=args.solver, time_limit_s=args.time_limit,
+                         headroom=args.headroom, execution=args.execution)
+    result.schedule.save(out)
+    if not args.quiet:
+        print_plan(SimpleNamespace(
+            estimate=result.estimate, result=result, status=result.status, gap=result.gap,
+            schedule=result.schedule, solve_s=result.solve_s, budget_bytes=result.budget_bytes,
+            unconstrained_peak_bytes=simulate(graph, Schedule.none(graph)).peak_bytes,
+            graph=graph, units=UnitChoice(graph.units, "recorded in the profiled graph")),
+            out)
     return EXIT_OK
 
 

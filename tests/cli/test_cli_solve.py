@@ -264,3 +264,67 @@ def test_solve_with_units_then_apply_runs_inside_the_models_forward(factory, tmp
     code, _, _ = run(["solve", f"{factory}:small", "--budget", str(least), "--units", "auto",
                       "--repeats", "1", "--time-limit", "5", "--out", str(out), "--quiet"])
     assert code == 0 and Schedule.load(out).estimate["peak_bytes"] <= least
+
+
+def test_solve_a_saved_profile_at_three_budgets_without_the_model(factory, tmp_path,
+                                                                  monkeypatch):
+    """``profile --units auto --out g.json`` once, then ``solve g.json`` at three budgets and
+    ``--floor``, with every way to reach the model's code broken: each schedule fits its
+    budget on the saved graph, records the graph's units, and ``apply`` runs it on the model
+    (its units planned, measured within the budget)."""
+    from scheduler.cli import solve as solve_verb
+    from scheduler.cost.simulate import simulate
+    from scheduler.ir.graph import CostGraph
+
+    graph_path = tmp_path / "g.json"
+    code, _, err = run(["profile", f"{factory}:small", "--units", "auto", "--repeats", "1",
+                        "--out", str(graph_path), "--quiet"])
+    assert code == 0, err
+    graph = CostGraph.load(graph_path)
+    assert graph.units == ("blocks.0", "blocks.1", "blocks.2")
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("solving a saved graph loaded the model")
+
+    with monkeypatch.context() as m:
+        m.setattr(solve_verb, "load_factory", no_model)
+        m.setattr(scheduler.capture.profile, "profile_step", no_model)
+        schedules = []
+        for budget in ("90%", "75%", "60%"):
+            out = tmp_path / f"s{budget[:2]}.json"
+            code, stdout, err = run(["solve", str(graph_path), "--budget", budget,
+                                     "--time-limit", "5", "--out", str(out)])
+            assert code == 0, err
+            assert "inside the model's own forward" in stdout
+            schedules.append(Schedule.load(out))
+        code, stdout, err = run(["solve", str(graph_path), "--floor", "--json",
+                                 "--time-limit", "5"])
+        assert code == 0, err
+    unscheduled = simulate(graph, Schedule.none(graph)).peak_bytes
+    for fraction, schedule in zip((0.9, 0.75, 0.6), schedules):
+        assert schedule.meta["units"]["paths"] == list(graph.units)
+        assert simulate(graph, schedule).peak_bytes <= int(fraction * unscheduled)
+    assert json.loads(stdout)["bytes"] <= simulate(graph, schedules[-1]).peak_bytes
+    api = scheduler.solve_graph(str(graph_path), "75%", solver="greedy").schedule
+    assert api.meta["units"]["paths"] == list(graph.units)
+    from examples.mlp import build
+
+    model, inputs = build(batch=256, dim=32, depth=3)
+    module = scheduler.apply(model, schedules[-1], inputs)
+    measured = scheduler.measure(module, inputs, repeats=1)
+    assert scheduler.units.units_plan(module).fallback_calls == 0
+    assert measured.peak_bytes <= schedules[-1].budget_bytes
+
+
+def test_a_saved_profile_refuses_the_options_that_profile(tmp_path):
+    from examples.mlp import build
+
+    model, inputs = build(batch=64, dim=16, depth=2)
+    path = tmp_path / "g.json"
+    scheduler.profile(model, inputs, mode="fake", times="roofline", device_spec="cpu").save(path)
+    code, _, err = run(["solve", str(path), "--budget", "80%", "--mode", "fake",
+                        "--units", "auto"])
+    line = one_error_line(err)
+    assert code == 2 and "--mode, --units" in line and "scheduler profile" in line
+    code, _, err = run(["solve", str(tmp_path / "missing.json"), "--budget", "80%"])
+    assert code == 2 and "missing.json" in one_error_line(err)
