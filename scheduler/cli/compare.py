@@ -11,10 +11,13 @@ from scheduler.cli.common import (
     EXIT_OK,
     add_json_and_quiet,
     add_model_spec,
+    add_profile_options,
+    add_units_option,
     names,
     need_matplotlib,
     positive_int,
     prepare_out,
+    profile_options,
     time_limit,
 )
 from scheduler.cli.spec import load_factory
@@ -71,6 +74,8 @@ def add_parser(subparsers: Any) -> None:
                         help="write overhead against peak memory per strategy as a PNG")
     parser.add_argument("--csv", type=Path, default=None, metavar="PATH",
                         help="write the rows as CSV")
+    add_profile_options(parser)
+    add_units_option(parser)
     add_json_and_quiet(parser)
     parser.set_defaults(func=run)
 
@@ -93,11 +98,12 @@ def run(args: argparse.Namespace) -> int:
     prepare_out(args.json, "--json", "compare.json")
     prepare_out(args.csv, "--csv", "compare.csv")
 
+    options = profile_options(args)
     model, inputs, loss_fn = load_factory(args.model_spec)
     comparison = compare(model, inputs, budgets=args.budget, strategies=strategies,
                          measure=not args.no_measure, loss_fn=loss_fn,
                          time_limit_s=args.time_limit, repeats=args.repeats,
-                         progress=not args.quiet)
+                         progress=not args.quiet, units=args.units, **options)
     written = []
     if args.json is not None:
         comparison.to_json(args.json)

@@ -26,7 +26,7 @@ from ..rewrite import planned
 from .compiled import allocator_rise
 from .storage import StorageTracker, base_bytes, state_tensors
 
-__all__ = ["Measurement", "OverBudgetWarning", "measure", "measure_in_turns",
+__all__ = ["Measurement", "OverBudgetWarning", "check_measurable", "measure", "measure_in_turns",
            "over_budget_warning", "warn_if_over_budget"]
 
 
@@ -108,6 +108,17 @@ class Measurement:
         return d
 
 
+def check_measurable(module: nn.Module, inputs: tuple[Any, ...]) -> None:
+    """Raise ValueError, naming why, when ``module`` cannot run a real step on ``inputs``
+    (meta parameters, ``(shape, dtype)`` specs: `fake.needs_fake`)."""
+    why_not = needs_fake(inputs, module)
+    if why_not:
+        raise ValueError(f"measuring runs real training steps, but {why_not}; give real "
+                         "tensors and a model with real parameters, or plan it without "
+                         "measuring (profile/solve with mode='fake', compare with "
+                         "measure=False)")
+
+
 def measure(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *,
             loss_fn: Callable[[Any], torch.Tensor] | None = None, repeats: int = 5,
             warmup: int = 1, timeline: bool = False, allocator: bool = True) -> Measurement:
@@ -139,11 +150,7 @@ def measure(module: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any]
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     inputs = call_inputs(module, example_inputs)
-    why_not = needs_fake(inputs, module)
-    if why_not:
-        raise ValueError(f"measuring runs real training steps, but {why_not}; give real "
-                         "tensors and a model with real parameters, or plan it without "
-                         "measuring (profile/solve with mode='fake')")
+    check_measurable(module, inputs)
     check_differentiable(module, inputs)
     # (a planned module's loss is on what runs its plan, `rewrite.planned`)
     loss_fn = (loss_fn or getattr(module, "loss_fn", None)

@@ -23,8 +23,7 @@ import torch.nn as nn
 from .. import report
 from ..budget import budget_spec, infeasible_error, parse_budget
 from ..capture.calls import call_inputs
-from ..capture.profile import profile_traced
-from ..capture.trace import trace
+from ..capture.profile import check_profile_options
 from ..cost.simulate import simulate
 from ..files import check_destination, write_atomic
 from ..ir.graph import CostGraph
@@ -32,6 +31,7 @@ from ..ir.schedule import Schedule
 from ..measurement.step import (
     Measurement,
     OverBudgetWarning,
+    check_measurable,
     measure_in_turns,
     warn_if_over_budget,
 )
@@ -41,6 +41,7 @@ from ..solvers.auto import BASELINES
 from ..solvers.base import INFEASIBLE, SolveResult, get_solver
 from ..solvers.certify import solve_and_certify
 from ..quantities import check_time_limit
+from ..units import profile_units, rewrite_units
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -185,7 +186,9 @@ def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
             strategies: Sequence[str] | None = None, measure: bool = True,
             loss_fn: Callable[[Any], torch.Tensor] | None = None,
             time_limit_s: float | None = 30.0, repeats: int = 3,
-            progress: bool = True) -> Comparison:
+            progress: bool = True, units: Any = "default", mode: str = "auto",
+            times: str | None = None, device: Any = None,
+            device_spec: Any = None) -> Comparison:
     """Solve, rewrite and measure every strategy at every budget, in one run.
 
     Args:
@@ -201,6 +204,12 @@ def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
         repeats: timed steps when profiling, and rounds of measurement (one timed step of
             every schedule per round; the median is kept).
         progress: show a progress bar on stderr.
+        units: the units the plans take over, as `scheduler.solve` takes them (default: a
+            Hugging Face model's layers, else one graph of the whole step); every strategy is
+            solved on that step, its regions inside the units' calls.
+        mode, times, device, device_spec: how the step is profiled, as `scheduler.solve`
+            does: ``mode="fake"`` (or ``"auto"`` for a step that does not fit the device)
+            ranks the strategies of a model that cannot run, with ``measure=False``.
 
     Returns:
         A `Comparison`. A strategy whose schedule misses a budget is a row with
@@ -214,7 +223,8 @@ def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
         InfeasibleBudgetError: no schedule at all fits a budget (``auto`` proves it); the
             message names the smallest feasible budget.
         UnknownSolverError: an unknown strategy (the message lists the valid names).
-        ValueError: a bad budget (checked before profiling), no budgets, or no strategies.
+        ValueError: a bad budget (checked before profiling), no budgets, or no strategies;
+            ``measure=True`` for a step profiled under fake tensors (it cannot run).
 
     Example:
         >>> c = scheduler.compare(model, (x,), budgets=["50%", "30%"])  # doctest: +SKIP
@@ -233,14 +243,27 @@ def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
         get_solver(s)
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    inputs = call_inputs(model, example_inputs)
+    check_profile_options(mode, times, device_spec)
+    if measure:
+        check_measurable(model, call_inputs(model, example_inputs))
+    if measure and mode == "fake":
+        raise ValueError("compare(measure=True) runs every schedule, but mode='fake' profiles "
+                         "a step that is not run: pass measure=False (--no-measure) to rank "
+                         "the strategies by prediction, or mode='real'")
     n_solves = len(budgets) * len(strategies)
 
     with report.progress_bar(enabled=progress, total=1 + n_solves,
                              description="tracing") as step:
-        gm = trace(model, inputs, loss_fn=loss_fn)
-        graph = profile_traced(gm, model, inputs, repeats=repeats, name=type(model).__name__,
-                               progress=lambda msg: step(f"profiling: {msg}"))
+        gm, graph, inputs, choice = profile_units(
+            model, example_inputs, units, loss_fn=loss_fn, repeats=repeats,
+            name=type(model).__name__, progress=lambda msg: step(f"profiling: {msg}"),
+            mode=mode, times=times, device=device, device_spec=device_spec)
+        how = graph.meta.get("profile", {})
+        if measure and how.get("mode") == "fake":
+            raise ValueError(f"compare(measure=True) runs every schedule, but the step was "
+                             f"profiled under fake tensors ({how.get('why', '')}): pass "
+                             "measure=False (--no-measure) to rank the strategies by "
+                             "prediction")
         step(advance=1)
         unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
         solved: list[tuple[str, int, str, SolveResult]] = []
@@ -265,7 +288,7 @@ def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
             with warnings.catch_warnings():  # (said below, once per row that claimed to fit)
                 warnings.simplefilter("ignore", OverBudgetWarning)
                 measured = measure_in_turns(
-                    {key: (rewrite(gm, schedule, model), inputs)
+                    {key: (_planned(gm, graph, schedule, model, inputs, choice.why), inputs)
                      for key, schedule in todo.items()}, repeats=repeats, step=step)
             reference = measured[_key(none)]
 
@@ -281,6 +304,17 @@ def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
     return Comparison(rows=rows, model=type(model).__name__,
                       device=str(graph.meta.get("device", "cpu")),
                       unconstrained_peak_bytes=unconstrained, reference=reference, graph=graph)
+
+
+def _planned(gm: Any, graph: CostGraph, schedule: Schedule, model: nn.Module,
+             inputs: tuple[Any, ...], why: str) -> nn.Module:
+    """The module that runs ``schedule``: in the units (`units.rewrite_units`) where the
+    graph has them, else the traced step (`rewrite`)."""
+    if not graph.units:
+        return rewrite(gm, schedule, model)
+    info = gm.meta["scheduler"]
+    return rewrite_units(model, graph, schedule, tracer=info.tracer, why=why,
+                         loss_fn=info.loss_fn, inputs=inputs)
 
 
 def _key(schedule: Schedule | None) -> Any:

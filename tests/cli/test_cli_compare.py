@@ -44,7 +44,7 @@ def no_tracing(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("the model was traced before the arguments were checked")
 
-    monkeypatch.setattr(sys.modules["scheduler.workflows.compare"], "trace", boom)
+    monkeypatch.setattr(sys.modules["scheduler.workflows.compare"], "profile_units", boom)
 
 
 # ------------------------------------------------------------------------------ compare

@@ -263,3 +263,17 @@ def test_a_bug_shows_its_traceback_and_asks_for_a_report(models, tmp_path, monke
     assert "scheduler: internal error: KeyError" in err
     assert "this is a bug in scheduler " in err and "please report it" in err
     assert "scheduler: error:" not in err
+
+
+def test_meta_model_compared_by_prediction(models, tmp_path):
+    """``compare --no-measure --mode fake`` ranks a model that cannot run: rows predicted,
+    none measured."""
+    out = tmp_path / "c.json"
+    code, _, err = run(["compare", f"{models}:mlp_meta", "--budget", "100%", "--no-measure",
+                        "--mode", "fake", "--times", "roofline", "--device-spec", "cpu",
+                        "--strategy", "auto,every_block", "--time-limit", "5", "--json",
+                        str(out), "--quiet"])
+    assert code == 0, err
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["strategy"] for r in rows} == {"auto", "every_block"}
+    assert all(r["measured_peak_bytes"] is None and r["predicted_peak_bytes"] for r in rows)

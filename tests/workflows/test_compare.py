@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import sys
+import warnings
 
 import pytest
 from conftest import unscheduled_peak
@@ -240,7 +241,7 @@ def test_bad_budget_and_strategy_fail_before_tracing(mlp, monkeypatch):
         raise AssertionError("traced before the arguments were checked")
 
     # scheduler.compare is the function; the module is in sys.modules
-    monkeypatch.setattr(sys.modules["scheduler.workflows.compare"], "trace", boom)
+    monkeypatch.setattr(sys.modules["scheduler.workflows.compare"], "profile_units", boom)
     model, inputs = mlp
     with pytest.raises(ValueError, match="bad budget '150%'"):
         compare(model, inputs, budgets=["50%", "150%"], progress=False)
@@ -322,3 +323,61 @@ def test_round_robin_measurement_keeps_every_rounds_time_and_the_peak():
         assert len(m.step_s_all) == 3 and m.step_s == statistics.median(m.step_s_all)
         assert m.peak_bytes == scheduler.measure(module, (x,), repeats=1).peak_bytes
     assert out["wide"].peak_bytes > out["small"].peak_bytes
+
+
+def tiny_llama(device: str = "cpu") -> tuple[object, dict]:
+    transformers = pytest.importorskip("transformers")
+    import torch
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=3, num_attention_heads=4,
+                                   num_key_value_heads=2, attn_implementation="sdpa")
+    with torch.device(device):
+        model = transformers.LlamaForCausalLM(cfg).train()
+    ids = torch.randint(0, 128, (2, 64), generator=torch.Generator().manual_seed(0)).to(device)
+    return model, {"input_ids": ids, "labels": ids}
+
+
+def test_a_hugging_face_model_is_compared_in_its_layers() -> None:
+    """By default a Hugging Face model's strategies are solved and run inside its layers (as
+    `solve` plans it): every region lies in one layer, ``none`` is the user's own eager step
+    (its measured peak is the unmodified model's), and every row predicted to fit measures
+    within its budget."""
+    import torch
+    from scheduler.measurement.step import measure
+
+    model, batch = tiny_llama()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        c = compare(model, batch, budgets=["80%"], strategies=["auto", "every_block", "none"],
+                    repeats=1, time_limit_s=5, progress=False)
+    assert not [w for w in said if issubclass(w.category, scheduler.OverBudgetWarning)]
+    assert c.graph.units == tuple(f"model.layers.{i}" for i in range(3))
+    assert any(row.schedule and row.schedule.recompute_regions for row in c.rows)
+    for row in c.rows:
+        for r in row.schedule.recompute_regions if row.schedule else ():
+            paths = {c.graph.node(n).module_path for n in r.nodes}
+            assert all(p.startswith("model.layers.") for p in paths), paths
+            assert len({p.split(".")[2] for p in paths}) == 1, paths
+        if row.fits_predicted:
+            assert row.fits_measured, row
+    own = measure(model, batch, repeats=1, allocator=False).peak_bytes
+    none = next(r for r in c.rows if r.strategy == "none")
+    assert abs(none.measured_peak_bytes - own) <= 0.005 * own
+    assert torch.is_grad_enabled()
+
+
+def test_a_model_that_cannot_run_is_ranked_by_prediction() -> None:
+    """A model built on the meta device: compared without measuring from a fake profile
+    (every strategy's predicted row); asked to measure, one line says why not, before any
+    profiling."""
+    model, batch = tiny_llama("meta")
+    c = compare(model, batch, budgets=["70%"], strategies=["auto", "every_block"],
+                measure=False, mode="fake", times="roofline", device_spec="cpu",
+                time_limit_s=5, progress=False)
+    assert c.graph.meta["profile"]["mode"] == "fake" and c.graph.units
+    auto = next(r for r in c.rows if r.strategy == "auto")
+    assert auto.fits_predicted and auto.measured_peak_bytes is None
+    assert auto.predicted_peak_bytes == simulate(c.graph, auto.schedule).peak_bytes
+    with pytest.raises(ValueError, match="measuring runs real training steps.*meta"):
+        compare(model, batch, budgets=["70%"], progress=False)
