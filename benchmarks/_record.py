@@ -149,3 +149,12 @@ def record(name: str, body: str, *, device: str, command: str,
             os.unlink(tmp)
         raise
     return path
+
+
+def publish(name: str, lines: Sequence[str], *, write: bool, device: str) -> None:
+    """Print a script's table (its ``lines``) and, with ``write`` (``--write``), record it
+    as section ``name`` (`record`), stamped with the command that ran it (`sys.argv`)."""
+    table = "\n".join(lines)
+    print(table)
+    if write:
+        record(name, table, device=device, command=command_line(sys.argv[0], None))

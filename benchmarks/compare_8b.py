@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scheduler  # noqa: E402
+from _record import publish  # noqa: E402
 from scheduler.quantities import format_bytes, format_seconds  # noqa: E402
 from units_8b import build  # noqa: E402
 
@@ -56,12 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in c.rows:
         lines.append(f"| {r.strategy} | {r.status} | {format_bytes(r.predicted_peak_bytes)} "
                      f"| +{r.predicted_overhead:.1%} | {format_seconds(r.solve_s)} |")
-    table = "\n".join(lines)
-    print(table)
-    if args.write:
-        from _record import record
-        record("compare_8b", table, device="cpu (planned for h100 from fake tensors)",
-               command=" ".join(["python", *sys.argv]))
+    publish("compare_8b", lines, write=args.write,
+            device="cpu (planned for h100 from fake tensors)")
     return 0
 
 

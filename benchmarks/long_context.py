@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import scheduler  # noqa: E402
+from _record import publish  # noqa: E402
 from scheduler.quantities import format_bytes  # noqa: E402
 
 
@@ -78,12 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{format_bytes(plan.estimate.peak_bytes)} | {format_bytes(got)} | "
                 f"{got / plan.budget_bytes:.3f} |")
             print(lines[-1], flush=True)
-    table = "\n".join(lines)
-    print(table)
-    if args.write:
-        from _record import record
-        record("long_context", table, device="cpu, 1 thread",
-               command=" ".join(["python", *sys.argv]))
+    publish("long_context", lines, write=args.write, device="cpu, 1 thread")
     return 0
 
 

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scheduler  # noqa: E402
+from _record import publish  # noqa: E402
 from scheduler.capture.op_counter import OpCounter, moves_no_data  # noqa: E402
 from scheduler.capture.roofline import DEVICE_SPECS, roofline_s  # noqa: E402
 from scheduler.quantities import format_bytes, format_seconds  # noqa: E402
@@ -176,12 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     mm = 2 * args.seq * 4096 * 4096 / SPEC.flops + SPEC.per_op_s
     lines.append(f"Each q_proj Linear node: predicted forward {q[0].time_s / mm:.3f}x its "
                  f"matmul FLOPs at the bf16 peak plus one launch ({format_seconds(mm)}).")
-    table = "\n".join(lines)
-    print(table)
-    if args.write:
-        from _record import record
-        record("roofline_8b", table, device="cpu (fake tensors, priced for h100)",
-               command=" ".join(["python", *sys.argv]))
+    publish("roofline_8b", lines, write=args.write,
+            device="cpu (fake tensors, priced for h100)")
     return 0
 
 

@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import scheduler  # noqa: E402
+from _record import publish  # noqa: E402
 from scheduler.quantities import format_bytes, format_seconds  # noqa: E402
 
 
@@ -85,12 +86,8 @@ def main(argv: list[str] | None = None) -> int:
              "", "| budget | status | gap | predicted peak | solve | overhead |",
              "|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
-    table = "\n".join(lines)
-    print(table)
-    if args.write:
-        from _record import record
-        record("units_8b" if args.layers == 32 else f"units_8b_{args.layers}l", table, device="cpu (planned for h100 from fake tensors)",
-               command=" ".join(["python", *sys.argv]))
+    publish("units_8b" if args.layers == 32 else f"units_8b_{args.layers}l", lines,
+            write=args.write, device="cpu (planned for h100 from fake tensors)")
     return 0
 
 
