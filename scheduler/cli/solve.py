@@ -255,7 +255,9 @@ def print_plan(plan: Any, out: Path) -> None:
                   title_justify="left")
     table.add_column("quantity", style="bold")
     table.add_column("value", justify="right")
-    full = " (over the full schedule space)" if plan.status == "OPTIMAL" else ""
+    within = getattr(getattr(plan, "units", None), "paths", ())
+    full = ("" if plan.status != "OPTIMAL" else " (over every schedule within the units)"
+            if within else " (over the full schedule space)")
     table.add_row("status", plan.status + full)
     meta = plan.schedule.meta
     space = meta.get("space")

@@ -2,7 +2,8 @@
 and the schedules its solutions read as.
 
 The full space is every schedule `Schedule` can express on one level: region boundaries after
-any compute node, each region ``keep`` or ``recompute``, and any save set. Every schedule of
+any compute node, each region ``keep`` or ``recompute``, and any save set (on a graph with
+units, regions within one unit call: `_within_units`). Every schedule of
 it maps to a solution of this relaxation at no more cost, so the relaxation's optimum bounds
 them all from below (`bound.full_space_bound`, `certify`), and its solutions round to
 schedules (`relax`).
@@ -56,7 +57,7 @@ from typing import Any, Callable, Sequence
 from ..cost.simulate import Estimate, gradient_steps, storage_readers
 from ..cost.static import Static
 from ..ir.graph import CostGraph
-from ..ir.replays import legalize
+from ..ir.replays import legalize, unit_calls
 from ..ir.schedule import KEEP, RECOMPUTE, Schedule
 from .config import SolverConfig
 from .relaxation_memory import MemoryConstraints
@@ -256,6 +257,21 @@ class Relaxation(MemoryConstraints):
             for r in replayed.values():
                 m.Add(calls >= 1).OnlyEnforceIf(r)
             self.terms.append((call, calls))
+        self._within_units()
+
+    def _within_units(self) -> None:
+        """With units, a region lies in one unit call (`ir.replays`): nodes outside the calls
+        neither replay nor are cached, no link crosses a call's edge."""
+        call_of: list[int | None] = [None] * len(self.names)
+        for k, (_, start, stop) in enumerate(unit_calls(self.g)):
+            call_of[start:stop] = [k] * (stop - start)
+        for i, x in enumerate(self.names if self.g.units else ()):
+            if call_of[i] is None:
+                self.m.Add(self.replayed[x] == 0)
+                if x in self.cached:
+                    self.m.Add(self.cached[x] == 0)
+            if i and (call_of[i] is None or call_of[i] != call_of[i - 1]):
+                self.m.Add(self.link[i] == 0)
 
     def _inputs(self) -> None:
         """What a replayed node reads: kept, or remade in its region (``chain``: every node

@@ -8,6 +8,7 @@ where a wrong bound would show first).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import random
@@ -60,6 +61,33 @@ def test_relax_claims_hold_against_brute_force_over_the_full_space() -> None:
                 assert r.status == FEASIBLE and r.estimate.recompute_s >= opt * (1 - 1e-9)
     # not vacuous: on these graphs the relaxation's rounding is nearly always optimal
     assert checked >= 100 and optimal >= 0.9 * checked, (checked, optimal)
+
+
+def test_relax_claims_hold_over_the_unit_space() -> None:
+    """On a graph with units (regions within one unit call) the relaxation bounds the unit
+    space, enumerated: OPTIMAL is its optimum (claimed also where a region across units
+    would do better, which the bound of the whole graph's space could never prove), FEASIBLE
+    fits with its bound below it, and every schedule lies in the units."""
+    checked = tighter = 0
+    for seed in range(16):
+        g = small_graph(seed)
+        units = tuple(sorted({n.module_path for n in g.nodes if n.module_path}))
+        gu = dataclasses.replace(g, units=units)
+        space, whole = full_space(gu), full_space(g)
+        for budget in space_budgets(space):
+            opt = space_optimum(space, budget)
+            r = get_solver("relax")(gu, budget)
+            if r.status == INFEASIBLE:
+                assert opt is None or full_space_bound(gu, budget) < math.inf, (seed, budget)
+                continue
+            assert opt is not None and r.estimate.peak_bytes <= budget
+            assert r.lower_bound_s <= opt * (1 + 1e-9) + 1e-15, (seed, budget)
+            assert r.estimate.recompute_s >= opt * (1 - 1e-9), (seed, budget)
+            checked += 1
+            if r.status == OPTIMAL:
+                assert r.estimate.recompute_s == pytest.approx(opt, rel=1e-6, abs=1e-15)
+                tighter += space_optimum(whole, budget) < opt * (1 - 1e-6)
+    assert checked >= 60 and tighter >= 1, (checked, tighter)
 
 
 @pytest.mark.parametrize("name,share,first_solve_reaches", [
