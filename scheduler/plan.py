@@ -32,7 +32,8 @@ from .rewrite import check_on_fallback, rewrite
 from .solvers.base import INFEASIBLE, SolveResult, get_solver
 from .solvers.stash import solve_with_rng_stash
 from .step_checks import INPUT_SHAPES, check_shapes, input_shapes, own_peak
-from .units import UnitChoice, profile_units, rewrite_units, warm_up
+from .units import UnitChoice, profile_units, warm_up
+from .units.step import planned_module
 from .units.apply import UNITS, apply_units, units_meta
 from .quantities import check_time_limit, format_bytes, format_seconds
 
@@ -375,15 +376,10 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     budget_bytes = parse_budget(budget, unconstrained)
     own = (own_peak(gm, model, inputs, budget_bytes, result.estimate, say)
            if graph.meta.get("profile", {}).get("mode") != "fake" else None)
-    if choice.paths:
-        info = gm.meta["scheduler"]
-        module = rewrite_units(model, graph, result.schedule, tracer=info.tracer,
-                               why=choice.why, on_fallback=on_fallback, loss_fn=info.loss_fn,
-                               inputs=inputs)
-        if graph.meta.get("profile", {}).get("mode") != "fake":
-            warm_up(module, inputs)  # (it ran for real: its units trace now, for compile)
-    else:
-        module = rewrite(gm, result.schedule, model, on_fallback=on_fallback)
+    module = planned_module(gm, graph, result.schedule, model, inputs, why=choice.why,
+                            on_fallback=on_fallback)
+    if choice.paths and graph.meta.get("profile", {}).get("mode") != "fake":
+        warm_up(module, inputs)  # (it ran for real: its units trace now, for compile)
     return Plan(module=module, units=choice,
                 schedule=result.schedule,
                 estimate=result.estimate, status=result.status, gap=result.gap,

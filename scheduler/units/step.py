@@ -20,9 +20,12 @@ from ..capture.usercode import within_units
 from ..ir.graph import CostGraph
 from ..ir.replays import unit_calls
 from .find import UnitChoice, find_units
-from .runtime import units_plan
+from ..ir.schedule import Schedule
+from ..rewrite import rewrite
+from .runtime import rewrite_units, units_plan
 
-__all__ = ["called_once", "gives_positions", "profile_units", "warm_up", "without_cache"]
+__all__ = ["called_once", "gives_positions", "planned_module", "profile_units", "warm_up",
+           "without_cache"]
 
 
 def gives_positions(model: nn.Module, example_inputs: Any) -> bool:
@@ -104,3 +107,16 @@ def warm_up(module: nn.Module, inputs: tuple[Any, ...]) -> None:
         module(*inputs)
     for forward in plan.forwards.values():
         forward.planned_steps = forward.fallback_steps = 0
+
+
+def planned_module(gm: fx.GraphModule, graph: CostGraph, schedule: Schedule,
+                   model: nn.Module, inputs: tuple[Any, ...], *, why: str = "",
+                   on_fallback: str = "warn") -> nn.Module:
+    """The module that runs ``schedule`` on the step `profile_units` profiled: inside the
+    units (`runtime.rewrite_units`) where ``graph`` has them, else the traced step
+    (`rewrite.rewrite`)."""
+    if not graph.units:
+        return rewrite(gm, schedule, model, on_fallback=on_fallback)
+    info = gm.meta["scheduler"]
+    return rewrite_units(model, graph, schedule, tracer=info.tracer, why=why,
+                         on_fallback=on_fallback, loss_fn=info.loss_fn, inputs=inputs)

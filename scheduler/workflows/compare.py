@@ -36,12 +36,12 @@ from ..measurement.step import (
     warn_if_over_budget,
 )
 from ..plan import solve_graph
-from ..rewrite import rewrite
 from ..solvers.auto import BASELINES
 from ..solvers.base import INFEASIBLE, SolveResult, get_solver
 from ..solvers.certify import solve_and_certify
 from ..quantities import check_time_limit
-from ..units import profile_units, rewrite_units
+from ..units import profile_units
+from ..units.step import planned_module
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -288,7 +288,7 @@ def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
             with warnings.catch_warnings():  # (said below, once per row that claimed to fit)
                 warnings.simplefilter("ignore", OverBudgetWarning)
                 measured = measure_in_turns(
-                    {key: (_planned(gm, graph, schedule, model, inputs, choice.why), inputs)
+                    {key: (planned_module(gm, graph, schedule, model, inputs, why=choice.why), inputs)
                      for key, schedule in todo.items()}, repeats=repeats, step=step)
             reference = measured[_key(none)]
 
@@ -304,17 +304,6 @@ def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
     return Comparison(rows=rows, model=type(model).__name__,
                       device=str(graph.meta.get("device", "cpu")),
                       unconstrained_peak_bytes=unconstrained, reference=reference, graph=graph)
-
-
-def _planned(gm: Any, graph: CostGraph, schedule: Schedule, model: nn.Module,
-             inputs: tuple[Any, ...], why: str) -> nn.Module:
-    """The module that runs ``schedule``: in the units (`units.rewrite_units`) where the
-    graph has them, else the traced step (`rewrite`)."""
-    if not graph.units:
-        return rewrite(gm, schedule, model)
-    info = gm.meta["scheduler"]
-    return rewrite_units(model, graph, schedule, tracer=info.tracer, why=why,
-                         loss_fn=info.loss_fn, inputs=inputs)
 
 
 def _key(schedule: Schedule | None) -> Any:
