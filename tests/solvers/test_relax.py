@@ -36,31 +36,41 @@ from scheduler.testing.synthetic import large_dag, random_graph
 PROVE_S = 120.0
 
 
+def relax_claims(g: CostGraph, space: list[tuple[int, float]], seed: int
+                 ) -> list[tuple[int, float, object]]:
+    """``relax`` at each of the space's budgets, its claims checked against the enumerated
+    ``space``: INFEASIBLE with a proven bound only where nothing fits; otherwise its schedule
+    fits, is simulated as it says, its bound is below the optimum, OPTIMAL is the optimum and
+    FEASIBLE no better than it. Returns ``(budget, optimum, result)`` for those that fit."""
+    out = []
+    for budget in space_budgets(space):
+        opt = space_optimum(space, budget)
+        r = get_solver("relax")(g, budget)
+        if r.status == INFEASIBLE:
+            assert opt is None or full_space_bound(g, budget) < math.inf, (seed, budget)
+            continue
+        assert opt is not None and r.estimate == simulate(g, r.schedule)
+        assert r.estimate.peak_bytes <= budget
+        assert r.lower_bound_s <= opt * (1 + 1e-9) + 1e-15, (seed, budget)
+        if r.status == OPTIMAL:
+            assert r.gap == 0.0 and r.space_optimal
+            assert r.estimate.recompute_s == pytest.approx(opt, rel=1e-6, abs=1e-15)
+        else:
+            assert r.status == FEASIBLE and r.estimate.recompute_s >= opt * (1 - 1e-9)
+        out.append((budget, opt, r))
+    return out
+
+
 def test_relax_claims_hold_against_brute_force_over_the_full_space() -> None:
     """OPTIMAL is the full space's optimum; FEASIBLE fits and its bound is below that optimum;
     INFEASIBLE with a proven bound only where nothing fits."""
-    optimal = checked = 0
+    claims = []
     for seed in range(24):
         g = small_graph(seed)
-        space = full_space(g)
-        for budget in space_budgets(space):
-            opt = space_optimum(space, budget)
-            r = get_solver("relax")(g, budget)
-            if r.status == INFEASIBLE:
-                assert opt is None or full_space_bound(g, budget) < math.inf, (seed, budget)
-                continue
-            assert opt is not None and r.estimate == simulate(g, r.schedule)
-            assert r.estimate.peak_bytes <= budget
-            assert r.lower_bound_s <= opt * (1 + 1e-9) + 1e-15
-            checked += 1
-            if r.status == OPTIMAL:
-                optimal += 1
-                assert r.gap == 0.0 and r.space_optimal
-                assert r.estimate.recompute_s == pytest.approx(opt, rel=1e-6, abs=1e-15)
-            else:
-                assert r.status == FEASIBLE and r.estimate.recompute_s >= opt * (1 - 1e-9)
+        claims += relax_claims(g, full_space(g), seed)
+    optimal = sum(r.status == OPTIMAL for *_, r in claims)
     # not vacuous: on these graphs the relaxation's rounding is nearly always optimal
-    assert checked >= 100 and optimal >= 0.9 * checked, (checked, optimal)
+    assert len(claims) >= 100 and optimal >= 0.9 * len(claims), (len(claims), optimal)
 
 
 def test_relax_claims_hold_over_the_unit_space() -> None:
@@ -73,19 +83,10 @@ def test_relax_claims_hold_over_the_unit_space() -> None:
         g = small_graph(seed)
         units = tuple(sorted({n.module_path for n in g.nodes if n.module_path}))
         gu = dataclasses.replace(g, units=units)
-        space, whole = full_space(gu), full_space(g)
-        for budget in space_budgets(space):
-            opt = space_optimum(space, budget)
-            r = get_solver("relax")(gu, budget)
-            if r.status == INFEASIBLE:
-                assert opt is None or full_space_bound(gu, budget) < math.inf, (seed, budget)
-                continue
-            assert opt is not None and r.estimate.peak_bytes <= budget
-            assert r.lower_bound_s <= opt * (1 + 1e-9) + 1e-15, (seed, budget)
-            assert r.estimate.recompute_s >= opt * (1 - 1e-9), (seed, budget)
+        whole = full_space(g)
+        for budget, opt, r in relax_claims(gu, full_space(gu), seed):
             checked += 1
             if r.status == OPTIMAL:
-                assert r.estimate.recompute_s == pytest.approx(opt, rel=1e-6, abs=1e-15)
                 tighter += space_optimum(whole, budget) < opt * (1 - 1e-6)
     assert checked >= 60 and tighter >= 1, (checked, tighter)
 
