@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                 (1, args.seq), dtype=torch.long, device="meta")}, budget=args.budget,
             mode="fake", times="roofline", device_spec="h100", time_limit_s=10)
     g = plan.graph
-    heads, kv, dim = 32, 8, 128
+    heads, dim = 32, 128
     pairs = args.seq * (args.seq + 1) // 2
     fwd = 2 * heads * pairs * 2 * dim / SPEC.flops + SPEC.per_op_s
     bwd = 2 * heads * pairs * 5 * dim / SPEC.flops + SPEC.per_op_s
@@ -165,7 +165,6 @@ def main(argv: list[str] | None = None) -> int:
     counts = defaultdict(int)
     for n in sdpa:
         counts[where.get(n.name, "kept")] += 1
-    del kv
     lines += ["", f"{len(sdpa)} attention nodes in the profiled graph: predicted forward "
               f"{min(ratio_f):.3f}-{max(ratio_f):.3f}x and backward {min(ratio_b):.3f}-"
               f"{max(ratio_b):.3f}x their causal matmul FLOPs at the bf16 peak plus one launch "
