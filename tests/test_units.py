@@ -306,3 +306,31 @@ def test_a_units_plan_solved_on_the_meta_device_applies_to_the_real_model() -> N
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         same_step(model, module, lambda m: m(**batch).loss)
+
+
+@pytest.mark.parametrize("units", ["auto", None])
+def test_a_plan_keeps_no_parameter_it_was_traced_with(units: Any) -> None:
+    """What ``fully_shard`` does to a plan's module (new parameter objects set on its modules,
+    the user's model dropped) frees the parameters the plan was traced with: its traces do
+    not keep them alive (they did, a full copy of every planned unit's parameters on each
+    rank). The plan then trains on the new ones."""
+    import gc
+    import weakref
+
+    model = tiny_llama(layers=3)
+    x = torch.randint(0, 128, (2, 128), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": x, "labels": x, "use_cache": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = scheduler.solve(model, batch, budget=0.85, time_limit_s=10, units=units)
+    assert any(r.policy == RECOMPUTE for r in plan.schedule.regions)
+    old = [weakref.ref(p) for p in model.parameters()]
+    del model
+    for mod in plan.module.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None:
+                setattr(mod, name, nn.Parameter(p.detach().clone()))
+    gc.collect()
+    assert [r for r in old if r() is not None] == []
+    plan.module(**batch).loss.backward()
+    assert all(p.grad is not None for p in plan.module.parameters())

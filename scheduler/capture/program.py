@@ -41,11 +41,17 @@ class Program:
     """
 
     def __init__(self, gm: fx.GraphModule, root: nn.Module | None = None):
+        self._attr_paths = {n.name: _attr_path(gm, root, n.target)
+                            for n in gm.graph.nodes if n.op == "get_attr"}
+        live = {n.target for n in gm.graph.nodes
+                if n.op == "get_attr" and self._attr_paths[n.name][0] is root}
+        if live:  # (``gm`` would keep the traced objects alive: a copy that does not)
+            gm = _without(gm, live)
+            self._attr_paths = {k: v if v[0] is root else (gm, v[1])
+                                for k, v in self._attr_paths.items()}
         self.gm = gm
         self.info: TraceInfo = gm.meta["scheduler"]
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self._attr_paths = {n.name: _attr_path(gm, root, n.target)
-                            for n in gm.graph.nodes if n.op == "get_attr"}
         self.nodes = model_nodes(gm)
         self.by_name = {n.name: n for n in self.nodes}
         self.output = next(n for n in gm.graph.nodes if n.op == "output")
@@ -156,6 +162,40 @@ def _walk(obj: Any, parts: tuple[str, ...]) -> Any:
     for part in parts:
         obj = getattr(obj, part)
     return obj
+
+
+def _without(gm: fx.GraphModule, live: set[str]) -> fx.GraphModule:
+    """A copy of ``gm`` (graph, node names and metadata) that holds none of the ``live``
+    attributes, which are read from the planned module at every run (a placeholder on the
+    meta device stands for each): so that what the graph was traced with (the parameters
+    before ``fully_shard`` swapped its shards in) is not kept alive by the plan."""
+    holder = nn.Module()
+    made = {id(holder)}  # (modules of its own: a module of the user's is never written to)
+    for n in gm.graph.nodes:
+        if n.op in ("get_attr", "call_module"):
+            *prefix, field = str(n.target).split(".")
+            owner = holder
+            for part in prefix:
+                if not hasattr(owner, part):
+                    owner.add_module(part, nn.Module())
+                    made.add(id(getattr(owner, part)))
+                owner = getattr(owner, part)
+            if id(owner) not in made:
+                continue  # (inside a module the graph calls: the user's, read live already)
+            value = (torch.empty(0, device="meta") if n.target in live
+                     else _walk(gm, (*prefix, field)))
+            if isinstance(value, nn.Module):
+                owner.add_module(field, value)
+            elif isinstance(value, torch.Tensor):
+                owner.register_buffer(field, value)
+            else:
+                setattr(owner, field, value)
+    graph = fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    copy = fx.GraphModule(holder, graph, class_name=type(gm).__name__)
+    copy.meta = dict(gm.meta)
+    return copy
 
 
 def _attr_path(gm: fx.GraphModule, root: nn.Module | None, target: str
