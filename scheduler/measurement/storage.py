@@ -55,11 +55,12 @@ class StorageTracker(TorchDispatchMode):
             return False
         n = self.size(st.nbytes())
 
-        def _dead(_ref: weakref.ref, k: int = k, n: int = n) -> None:
-            if self._live.pop(k, None) is not None:
-                self.current_bytes -= n
+        def _dead(_ref: weakref.ref, k: int = k) -> None:
+            entry = self._live.pop(k, None)
+            if entry is not None:
+                self.current_bytes -= entry[1]
                 if self.on_free is not None:
-                    self.on_free(k, n)
+                    self.on_free(k, entry[1])
 
         self._live[k] = (weakref.ref(st, _dead), n)
         self.current_bytes += n
@@ -67,6 +68,20 @@ class StorageTracker(TorchDispatchMode):
         if notify and self.on_alloc is not None:
             self.on_alloc(k, n)
         return True
+
+    def resized(self, t: torch.Tensor) -> None:
+        """Count ``t``'s storage at its size now: a storage resized in place (FSDP2 frees
+        and re-allocates its unsharded parameters so, ``untyped_storage().resize_``, which
+        no op dispatch shows) is re-counted when this is called."""
+        st = t.untyped_storage()
+        entry = self._live.get(id(st))
+        if entry is None:
+            self.register(t, notify=True)
+            return
+        n = self.size(st.nbytes())
+        self._live[id(st)] = (entry[0], n)
+        self.current_bytes += n - entry[1]
+        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
 
     def is_live(self, t: torch.Tensor) -> bool:
         return id(t.untyped_storage()) in self._live
