@@ -163,7 +163,7 @@ class Simulator:
         # the first later region that reads it (a region input); the loss is region R.
         hold_until: dict[int, int] = {}
         cached_in: dict[int, int] = {}
-        owner: dict[int, int] = {}
+        owner: dict[int, int | None] = {-1: None}  # (-1: the engine's bytes, `Static`)
         phase_of = dict.fromkeys(static.names, R)
         phase_of.update(self.region_of)
         end = self.end_step

@@ -72,14 +72,26 @@ class Static:
         # each node's recorded allocations and frees, then a free of every storage it is the
         # last reader of (not op temporaries); under a schedule, frees happen only for the
         # storages nothing holds. Node i's events are fwd_flat[fwd_at[i]:fwd_at[i + 1]]
+        # The engine's bytes (`CostGraph.engine_bytes`) come first: its change and spike, as
+        # storage -1 (allocations, of negative bytes for a drop, so that they always apply).
         self.fwd_flat: list[tuple[int, int, bool]] = []
         self.fwd_at = [0]
+        engine = [g.engine_bytes.get(name, (0, 0))[0] for name in self.names]
+        spike = [g.engine_bytes.get(name, (0, 0))[1] for name in self.names]
         for i, name in enumerate(self.names):
+            change = engine[i] - (engine[i - 1] if i else 0)
+            if change or spike[i]:
+                self.fwd_flat.append((-1, change + spike[i], True))
+            if spike[i]:
+                self.fwd_flat.append((-1, -spike[i], True))
             for kind, sid in g.fwd_events.get(name, ()):
                 b = g.storages[sid].bytes
                 self.fwd_flat.append((sid, b, True) if kind == "a" else (sid, -b, False))
             self.fwd_flat.extend((sid, -g.storages[sid].bytes, False) for sid in last_use[i])
+            if i == len(self.names) - 1 and engine[i]:  # (backward's events hold its own)
+                self.fwd_flat.append((-1, -engine[i], True))
             self.fwd_at.append(len(self.fwd_flat))
+        self.engine = engine
         # per node, its forward events for replays: (is allocation, storage id, bytes, savers,
         # inner_free, readers, the last reader or None)
         self.fwd: dict[str, list[tuple[bool, int, int, tuple[str, ...], bool, frozenset[str],
@@ -91,14 +103,15 @@ class Static:
                 last = max(rdrs, key=self.pos.__getitem__) if rdrs else None
                 self.fwd[name].append((kind == "a", sid, st.bytes, st.savers, st.inner_free,
                                        rdrs, last))
-        # per node (in graph order), the highest running total of its own forward events
+        # per node (in graph order), the highest running total of its own forward events, on
+        # top of the engine's bytes while it runs
         self.fwd_peak: list[int] = []
-        for name in self.names:
+        for i, name in enumerate(self.names):
             run = peak = 0
             for kind, sid in g.fwd_events.get(name, ()):
                 run += g.storages[sid].bytes if kind == "a" else -g.storages[sid].bytes
                 peak = max(peak, run)
-            self.fwd_peak.append(peak)
+            self.fwd_peak.append(engine[i] + max(peak, spike[i]))
         # each backward step's gradient events, which no schedule changes, as (node, the
         # highest running total within the step, the step's net bytes); None: no events
         self.bwd: list[tuple[str | None, int | None, int]] = []

@@ -93,6 +93,12 @@ class CostGraph:
     #: within one call of one unit (`ir.replays`); nodes outside every unit are kept. Empty
     #: for a whole-graph plan (regions anywhere).
     units: tuple[str, ...] = ()
+    #: what a parallel engine holds in forward beyond the storages (FSDP2's gathered
+    #: parameters: `scheduler.parallel`), by node name: ``(held, spike)``, the bytes held while
+    #: the node runs and the bytes held more, before its events only (a gather's transient
+    #: buffers). No schedule changes them and no replay allocates them (in backward the
+    #: engine's memory is in ``bwd_steps``' events). Empty for a step on one device.
+    engine_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._index = {n.name: i for i, n in enumerate(self.nodes)}
@@ -203,6 +209,13 @@ class CostGraph:
                 raise CostGraphError(
                     f"nodes[{n.name!r}].pack_mark: {n.pack_mark} is not in [0, "
                     f"{len(self.fwd_events.get(n.name, ()))}] (its number of forward events)")
+        for name, b in self.engine_bytes.items():
+            if name not in names:
+                raise CostGraphError(f"engine_bytes: unknown node {name!r}")
+            if not (isinstance(b, tuple) and len(b) == 2
+                    and all(isinstance(x, int) and x >= 0 for x in b)):
+                raise CostGraphError(f"engine_bytes[{name!r}]: {b!r} is not (held, spike), "
+                                     "two byte counts >= 0")
         for sid, st in self.storages.items():
             for attr in ("producer", "last_use"):
                 if getattr(st, attr) not in names:
@@ -260,6 +273,8 @@ class CostGraph:
             **({"written_reads": [[w.reader, w.value, w.writer] for w in self.written_reads]}
                if self.written_reads else {}),
             **({"units": list(self.units)} if self.units else {}),
+            **({"engine_bytes": {k: list(v) for k, v in self.engine_bytes.items()}}
+               if self.engine_bytes else {}),
         }
 
     @classmethod

@@ -31,7 +31,7 @@ _BYTES = ("param_bytes", "buffer_bytes", "input_bytes", "grad_bytes", "measured_
 CHECKPOINT_COSTS = ("checkpoint_call_s", "checkpoint_saved_s")
 _TOP = frozenset({"schema", "version", "name", "fingerprint", *_BYTES, "measured_step_s",
                   *CHECKPOINT_COSTS, "meta", "nodes", "storages", "fwd_events", "bwd_steps",
-                  "written_reads", "units"})
+                  "written_reads", "units", "engine_bytes"})
 _NODE_STR = ("name", "op", "target", "module_path", "block", "shape")
 _NODE_FIELDS = frozenset({*_NODE_STR, "inputs", "is_loss", "time_s", "bwd_time_s",
                           "out_bytes", "saved", "pack_mark", "sac_s",
@@ -101,6 +101,10 @@ def graph_fields(d: Any) -> tuple[dict[str, Any], str | None]:
         for i, row in enumerate(_C.type("written_reads", d.get("written_reads", []), list)))
     kw["units"] = tuple(_C.type(f"units[{i}]", x, str)
                         for i, x in enumerate(_C.type("units", d.get("units", []), list)))
+    kw["engine_bytes"] = {
+        k: tuple(_C.bytes(f"engine_bytes[{k!r}]", x)
+                 for x in _C.row(f"engine_bytes[{k!r}]", v, 2, "[held, spike]"))
+        for k, v in _C.type("engine_bytes", d.get("engine_bytes", {}), dict).items()}
     fp = d.get("fingerprint")
     return kw, _C.type("fingerprint", fp, (str, type(None)))
 

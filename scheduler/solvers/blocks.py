@@ -137,6 +137,7 @@ def stage_signature(graph: CostGraph, start: int, stop: int,
                            rel(st.last_use), tuple(map(rel, st.savers)),
                            tuple(map(rel, st.views))))
         parts.append((n.op, _normal(str(n.target)), n.shape, n.out_bytes, n.pack_mark,
+                      graph.engine_bytes.get(name, (0, 0)),
                       n.sac_s is None, tuple(map(rel, n.inputs)),
                       tuple((source(s.source), s.bytes) for s in n.saved), tuple(events)))
     ids: dict[int, int] = {}

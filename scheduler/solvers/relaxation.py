@@ -161,10 +161,8 @@ class Relaxation(MemoryConstraints):
 
     def overshoots(self, estimate: Estimate) -> list[tuple[int, tuple[str, int]]]:
         """`violated`'s labels, each with the bytes by which ``estimate`` goes over there."""
-        g, budget = self.g, self.budget
-        over: list[tuple[int, tuple[str, int]]] = []  # (by how much, label)
-        prev, fwd, k = g.base_bytes, 0, 0
-        steps = gradient_steps(g)
+        budget, over = self.budget, []  # (by how much, label)
+        prev, fwd, k, steps = self.g.base_bytes, 0, 0, gradient_steps(self.g)
         for label, cur in estimate.timeline:
             if label.startswith("bwd "):
                 high = max(prev + max(0, steps[k][1] or 0), cur)
@@ -175,7 +173,8 @@ class Relaxation(MemoryConstraints):
                 if cur > budget:
                     over.append((cur - budget, ("burst", k)))
             else:
-                high = max(prev + self.static.fwd_peak[fwd], cur)
+                eng = self.static.engine[fwd - 1] if fwd else 0  # (in prev; fwd_peak has its own)
+                high = max(prev - eng + self.static.fwd_peak[fwd], cur)
                 if high > budget:
                     over.append((high - budget, ("fwd", fwd)))
                 fwd += 1
