@@ -26,9 +26,10 @@ import torch.nn as nn
 
 from .ir.graph import CostGraph
 from .ir.schedule import Schedule, ScheduleError
+from .parallel import Param, ParallelError
 
 __all__ = ["UnsupportedWrappingError", "check_unwrapped", "check_wrapping", "hook_ids",
-           "same_schedule"]
+           "param_groups", "same_schedule"]
 
 
 class UnsupportedWrappingError(RuntimeError):
@@ -185,3 +186,35 @@ def check_unwrapped(model: nn.Module, action: str) -> None:
                 "scheduler.solve(model, ...), then DistributedDataParallel(plan.module), or "
                 "fully_shard each of plan.units.paths in plan.module and then plan.module "
                 "(docs/distributed.md). The model was not touched")
+
+
+def param_groups(model: nn.Module, units: Iterable[str]) -> dict[str, tuple[Param, ...]]:
+    """The parameters of each unit of ``model`` (by path) and of the root (``""``: those in no
+    unit), each counted once, as `parallel.per_rank` reads them. Raises `ParallelError` for a
+    parameter two units share (``fully_shard`` gives a parameter to one module only)."""
+    owner: dict[int, str] = {}
+    groups: dict[str, list[Param]] = {}
+    for path in (*units, ""):
+        groups[path] = []
+        sub = model.get_submodule(path)
+        for name, p in sub.named_parameters():
+            if id(p) in owner:
+                if path and owner[id(p)]:
+                    raise ParallelError(
+                        f"parameter {path}.{name} is shared by units {owner[id(p)]!r} and "
+                        f"{path!r}: fully_shard gives a parameter to one module; plan with "
+                        "units that do not share parameters (units=...)")
+                continue
+            owner[id(p)] = path
+            rows = p.shape[0] if p.dim() else 1
+            groups[path].append(Param(rows, p.numel() // max(rows, 1), p.element_size(),
+                                      p.requires_grad))
+    return {k: tuple(v) for k, v in groups.items()}
+
+
+def process_group() -> tuple[int | None, str]:
+    """The default process group's size and backend (``"gloo"``, ``"nccl"``), or ``(None,
+    "nccl")`` where ``torch.distributed`` is not initialised."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), "gloo" if dist.get_backend() == "gloo" else "nccl"
+    return None, "nccl"

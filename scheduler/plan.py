@@ -23,9 +23,10 @@ from .capture.profile import check_profile_options, trace_without_running
 from .cost.compiled import check_execution, costs_for
 from .cost.estimate import Estimate
 from .cost.simulate import simulate
-from .distributed import check_unwrapped, same_schedule
+from .distributed import check_unwrapped, process_group, same_schedule
 from .ir.graph import CostGraph
 from .ir.schedule import Schedule, ScheduleError
+from .parallel import parse_parallel
 from .measurement.step import measure
 from .report import plot_timeline
 from .rewrite import check_on_fallback, rewrite
@@ -38,7 +39,6 @@ from .units.apply import UNITS, apply_units, units_meta
 from .quantities import check_time_limit, format_bytes, format_seconds
 
 __all__ = ["INPUT_SHAPES", "Plan", "apply", "input_shapes", "solve", "solve_graph"]
-
 
 
 @dataclass(eq=False, repr=False)
@@ -272,7 +272,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
           progress: Callable[[str], None] | None = None, mode: str = "auto",
           times: str | None = None, device: str | torch.device | None = None,
           device_spec: Any = None, small_inputs: Sequence[Any] | None = None,
-          execution: str = "eager", on_fallback: str = "warn", units: Any = "default") -> Plan:
+          execution: str = "eager", on_fallback: str = "warn", units: Any = "default",
+          parallel: Any = None) -> Plan:
     """Find the checkpointing schedule with the least recompute time whose predicted peak
     memory fits ``budget``, and apply it.
 
@@ -328,6 +329,12 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
             regions inside its calls (`units.runtime`), and the step is profiled as the
             model runs it eagerly; without, the traced step replaces the forward
             (`rewrite.rewrite`). ``plan.units`` says which and why.
+        parallel: plan one rank of data-parallel training (`parallel`): ``"ddp"`` or
+            `parallel.DDP` for ``DistributedDataParallel(plan.module)``; ``"fsdp2"`` (the
+            process group's size), ``"fsdp2:8"`` or `parallel.FSDP2` for ``fully_shard`` on
+            each of ``plan.units.paths``, then on ``plan.module`` (units default to
+            ``"auto"``). The budget, fractions and the estimate are then per rank. None
+            (default): one device.
 
     Returns:
         A `Plan`: ``plan.module``, ``plan.estimate``, ``plan.status``, ``plan.save(path)``.
@@ -351,11 +358,12 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     check_on_fallback(on_fallback)
     get_solver(solver)
     check_profile_options(mode, times, device_spec)
+    parse_parallel(parallel, *process_group())  # (fail now, not after profiling)
     say = progress or (lambda _msg: None)
     gm, graph, inputs, choice = profile_units(
         model, example_inputs, units, loss_fn=loss_fn, repeats=repeats, progress=say,
         mode=mode, times=times, device=device, device_spec=device_spec,
-        small_inputs=small_inputs)
+        small_inputs=small_inputs, parallel=parallel)
     if choice.paths:
         say(f"units: {choice.why}")
     say(f"solving with {solver}")
@@ -375,7 +383,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
     budget_bytes = parse_budget(budget, unconstrained)
     own = (own_peak(gm, model, inputs, budget_bytes, result.estimate, say)
-           if graph.meta.get("profile", {}).get("mode") != "fake" else None)
+           if graph.meta.get("profile", {}).get("mode") != "fake"
+           and "parallel" not in graph.meta else None)
     module = planned_module(gm, graph, result.schedule, model, inputs, why=choice.why,
                             on_fallback=on_fallback)
     if choice.paths and graph.meta.get("profile", {}).get("mode") != "fake":

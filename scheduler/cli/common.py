@@ -124,15 +124,24 @@ def add_profile_options(parser: argparse.ArgumentParser) -> None:
         "--device-spec", default=None, metavar="NAME",
         help="for --times roofline: a100, h100, h200, l4 or cpu",
     )
+    parser.add_argument(
+        "--parallel", default=None, metavar="ddp|fsdp2:N",
+        help="plan one rank of data-parallel training: ddp (DistributedDataParallel) or "
+        "fsdp2:N (fully_shard on each unit, then the root, over N ranks); budgets and "
+        "peaks are then per rank (docs/distributed.md)",
+    )
 
 
 def profile_options(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of `add_profile_options` for ``profile``/``solve``."""
     from scheduler.capture.profile import check_profile_options
 
+    from scheduler.parallel import parse_parallel
+
     check_profile_options(args.mode, args.times, args.device_spec)
+    parse_parallel(args.parallel)  # (a bad one fails now, not after profiling)
     return {"mode": args.mode, "times": args.times, "device": args.device,
-            "device_spec": args.device_spec}
+            "device_spec": args.device_spec, "parallel": args.parallel}
 
 
 # ---------------------------------------------------------------------------- argument types

@@ -180,7 +180,8 @@ def saved_graph(args: argparse.Namespace) -> Any:
     given = [flag for flag, value, default in (
         ("--mode", args.mode, "auto"), ("--times", args.times, None),
         ("--device", args.device, None), ("--device-spec", args.device_spec, None),
-        ("--repeats", args.repeats, None), ("--units", args.units, "default"))
+        ("--repeats", args.repeats, None), ("--units", args.units, "default"),
+        ("--parallel", args.parallel, None))
         if value != default]
     if given:
         raise ValueError(f"{', '.join(given)} say how to profile a model, but "
@@ -283,6 +284,8 @@ def print_plan(plan: Any, out: Path) -> None:
     if how:
         times = f", {meta.get('times')} times" if how.get("mode") == "fake" else ""
         table.add_row("profile", f"{how['mode']}{times} ({how.get('why', '')})")
+    if isinstance(meta, dict) and meta.get("parallel"):
+        table.add_row("per rank of", meta["parallel"])
     compiled = plan.schedule.meta.get("execution") == "compiled"
     if compiled:
         table.add_row("time model", "compiled: replays as under torch.compile(plan.module)")

@@ -17,6 +17,8 @@ from ..capture.eager_choices import eager_choices
 from ..capture.profile import profile_step
 from ..capture.trace import preserved_state
 from ..capture.usercode import within_units
+from ..distributed import param_groups, process_group
+from ..parallel import FSDP2, parse_parallel, per_rank
 from ..ir.graph import CostGraph
 from ..ir.replays import unit_calls
 from .find import UnitChoice, find_units
@@ -76,12 +78,17 @@ def called_once(graph: CostGraph, choice: UnitChoice) -> UnitChoice:
     return UnitChoice(keep, choice.why + note)
 
 
-def profile_units(model: nn.Module, example_inputs: Any, units: Any, **kwargs: Any
+def profile_units(model: nn.Module, example_inputs: Any, units: Any, *, parallel: Any = None,
+                  **kwargs: Any
                   ) -> tuple[fx.GraphModule, CostGraph, tuple[Any, ...], UnitChoice]:
     """`capture.profile.profile_step` of ``model`` as `scheduler.solve` profiles it for
     ``units`` (`find.find_units`): with units, the eager step (`capture.eager_choices`,
     `without_cache`) and the graph's ``units`` set to those called once (`called_once`).
+    With ``parallel`` (`parallel.parse_parallel`: ``"ddp"``, ``"fsdp2"``, ...), the graph is
+    one rank's (`parallel.per_rank`), and FSDP2 plans with units by default.
     Returns the traced step, the graph, the positional inputs and the units chosen."""
+    engine = parse_parallel(parallel, *process_group())
+    units = "auto" if isinstance(engine, FSDP2) and units == "default" else units
     choice = find_units(model, units)
     unpacked = not gives_positions(model, example_inputs)
     with (eager_choices(unpacked=unpacked) if choice.paths else contextlib.nullcontext(),
@@ -92,6 +99,8 @@ def profile_units(model: nn.Module, example_inputs: Any, units: Any, **kwargs: A
     choice = called_once(graph, choice)
     if choice.paths:
         graph = dataclasses.replace(graph, units=choice.paths)
+    if engine is not None:
+        graph = per_rank(graph, engine, param_groups(model, choice.paths))
     return gm, graph, inputs, choice
 
 

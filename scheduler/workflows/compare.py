@@ -40,6 +40,8 @@ from ..solvers.auto import BASELINES
 from ..solvers.base import INFEASIBLE, SolveResult, get_solver
 from ..solvers.certify import solve_and_certify
 from ..quantities import check_time_limit
+from ..distributed import process_group
+from ..parallel import parse_parallel
 from ..units import profile_units
 from ..units.step import planned_module
 
@@ -188,7 +190,7 @@ def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
             time_limit_s: float | None = 30.0, repeats: int = 3,
             progress: bool = True, units: Any = "default", mode: str = "auto",
             times: str | None = None, device: Any = None,
-            device_spec: Any = None) -> Comparison:
+            device_spec: Any = None, parallel: Any = None) -> Comparison:
     """Solve, rewrite and measure every strategy at every budget, in one run.
 
     Args:
@@ -210,6 +212,9 @@ def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
         mode, times, device, device_spec: how the step is profiled, as `scheduler.solve`
             does: ``mode="fake"`` (or ``"auto"`` for a step that does not fit the device)
             ranks the strategies of a model that cannot run, with ``measure=False``.
+        parallel: rank the strategies for one rank of DDP or FSDP2 (``"ddp"``,
+            ``"fsdp2:8"``: see `scheduler.solve`), by prediction (``measure=False``: a rank's
+            step runs under its wrapper, not here).
 
     Returns:
         A `Comparison`. A strategy whose schedule misses a budget is a row with
@@ -244,6 +249,10 @@ def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     check_profile_options(mode, times, device_spec)
+    if parse_parallel(parallel, *process_group()) is not None and measure:
+        raise ValueError(f"compare(parallel={parallel!r}) predicts one rank's step, which runs "
+                         "under DDP or fully_shard across processes, not here: pass "
+                         "measure=False (the CLI: --no-measure)")
     if measure:
         check_measurable(model, call_inputs(model, example_inputs))
     if measure and mode == "fake":
@@ -257,7 +266,8 @@ def compare(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any],
         gm, graph, inputs, choice = profile_units(
             model, example_inputs, units, loss_fn=loss_fn, repeats=repeats,
             name=type(model).__name__, progress=lambda msg: step(f"profiling: {msg}"),
-            mode=mode, times=times, device=device, device_spec=device_spec)
+            mode=mode, times=times, device=device, device_spec=device_spec,
+            parallel=parallel)
         how = graph.meta.get("profile", {})
         if measure and how.get("mode") == "fake":
             raise ValueError(f"compare(measure=True) runs every schedule, but the step was "

@@ -29,7 +29,7 @@ def floor(model_or_graph: nn.Module | CostGraph,
           loss_fn: Callable[[Any], torch.Tensor] | None = None, repeats: int = 3,
           mode: str = "auto", times: str | None = None, device: Any = None,
           device_spec: Any = None, config: SolverConfig | None = None,
-          units: Any = "default") -> Floor:
+          units: Any = "default", parallel: Any = None) -> Floor:
     """The least peak of any schedule found (``bytes``, with its ``schedule``), the proven
     lower bound beside it (``lower_bound_bytes``, over ``space``; ``universal_bytes`` for any
     schedule at all), and a ``status`` (``OPTIMAL`` when they meet).
@@ -47,6 +47,8 @@ def floor(model_or_graph: nn.Module | CostGraph,
         units: with a model, the units `scheduler.solve` would plan with (``"auto"``, a class,
             globs, a predicate, ``"default"``: `units.find_units`): the floor of that units
             plan, whose regions stay inside the units' calls; None: the whole-graph plan's.
+        parallel: with a model, the floor of one rank of DDP or FSDP2 (``"ddp"``,
+            ``"fsdp2:8"``: see `scheduler.solve`).
 
     Raises:
         ValueError: a graph given with inputs, a model without them, or a bad time limit.
@@ -66,5 +68,6 @@ def floor(model_or_graph: nn.Module | CostGraph,
         check_profile_options(mode, times, device_spec)
         _, graph, _, _ = profile_units(model_or_graph, example_inputs, units, loss_fn=loss_fn,
                                        repeats=repeats, progress=lambda _m: None, mode=mode,
-                                       times=times, device=device, device_spec=device_spec)
+                                       times=times, device=device, device_spec=device_spec,
+                                       parallel=parallel)
     return graph_floor(graph, time_limit_s=time_limit_s, config=config)

@@ -1,0 +1,192 @@
+"""Per-rank graphs (`scheduler.parallel`), in one process: what DDP and FSDP2 add is priced by
+every solver as `simulate` prices it (brute force over the unit space), written and read back,
+and bad configurations are named. The measured per-rank peaks are `test_parallel_ranks`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from _full_space import full_space, small_graph, space_budgets, space_optimum
+from test_relax import relax_claims
+
+import scheduler
+from scheduler.cost.simulate import simulate
+from scheduler.ir.graph import CostGraph
+from scheduler.ir.replays import unit_calls
+from scheduler.ir.schedule import Schedule
+from scheduler.parallel import DDP, FSDP2, Param, ParallelError, parse_parallel, per_rank
+from scheduler.solvers import INFEASIBLE, OPTIMAL, get_solver
+from scheduler.solvers.floor import floor
+
+
+def _units_graph(seed: int) -> CostGraph:
+    g = small_graph(seed)
+    return dataclasses.replace(
+        g, units=tuple(sorted({n.module_path for n in g.nodes if n.module_path})))
+
+
+def _groups(g: CostGraph) -> dict[str, tuple[Param, ...]]:
+    """Parameters for a synthetic graph: each gradient backward leaves is one parameter of
+    the unit whose step made it (of the root outside them), ``bytes / 4`` rows of one
+    float; what the graph's parameters hold beyond those is a frozen root parameter."""
+    unit_of = {g.compute_nodes[i]: path for path, a, b in unit_calls(g) for i in range(a, b)}
+    live: dict[int, tuple[str, int]] = {}
+    for st in g.bwd_steps:
+        for kind, gid, b in st.events:
+            if kind == "a":
+                live[gid] = (unit_of.get(st.node, ""), b)
+            else:
+                live.pop(gid, None)
+    groups: dict[str, list[Param]] = {p: [] for p in (*g.units, "")}
+    for path, b in live.values():
+        groups[path].append(Param(b // 4, 1, 4))
+    rest = g.param_bytes - sum(b for _, b in live.values())
+    if rest > 0:
+        groups[""].append(Param(rest // 4, 1, 4, trainable=False))
+    return {k: tuple(v) for k, v in groups.items()}
+
+
+ENGINES = [DDP(), DDP(gradient_as_bucket_view=True), FSDP2(2, "gloo"), FSDP2(3)]
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.describe())
+def test_relax_claims_hold_on_per_rank_graphs(engine: object) -> None:
+    """On per-rank graphs (the engine's memory in the forward's held bytes and spikes and in
+    backward's events), `relax`'s schedules are simulated as it says, OPTIMAL is the
+    enumerated unit space's optimum and its bound lies below it."""
+    checked = 0
+    for seed in range(8):
+        g = per_rank(_units_graph(seed), engine, _groups(_units_graph(seed)))
+        checked += len(relax_claims(g, full_space(g), seed))
+    assert checked >= 30, checked
+
+
+@pytest.mark.parametrize("engine", ENGINES[2:], ids=lambda e: e.describe())
+def test_cpsat_and_the_floor_agree_with_brute_force_on_per_rank_graphs(engine: object) -> None:
+    for seed in range(6):
+        g = per_rank(_units_graph(seed), engine, _groups(_units_graph(seed)))
+        space = full_space(g)
+        least = min(p for p, _ in space)
+        f = floor(g, time_limit_s=10)
+        assert f.lower_bound_bytes <= least <= f.bytes, (seed, f)
+        for budget in space_budgets(space):
+            r = get_solver("cpsat")(g, budget, time_limit_s=10)
+            opt = space_optimum(space, budget)
+            if opt is None:
+                assert r.status == INFEASIBLE, (seed, budget)
+                continue
+            assert r.estimate == simulate(g, r.schedule) and r.estimate.peak_bytes <= budget
+            if r.status == OPTIMAL:
+                assert r.estimate.recompute_s == pytest.approx(opt, rel=1e-6, abs=1e-15)
+
+
+def test_fsdp2_shards_what_lives_and_adds_what_runs() -> None:
+    """Against hand arithmetic on one graph: the parameters are this rank's padded shards;
+    a unit's gathered parameters are held while it runs forward, with its flat gather
+    buffer; the step with no recompute peaks higher than the shards but below the graph on
+    one device plus every gathered parameter twice."""
+    g = _units_graph(4)
+    groups = _groups(g)
+    r = per_rank(g, FSDP2(2), groups)
+    assert r.param_bytes == sum(math.ceil(p.rows / 2) * 4 for ps in groups.values() for p in ps)
+    first = {g.compute_nodes[a]: path for path, a, _ in unit_calls(g)}
+    for name, path in first.items():
+        gathered = 2 * sum(math.ceil(p.rows / 2) * 4 for p in groups[path])
+        root = 2 * sum(math.ceil(p.rows / 2) * 4 for p in groups[""])
+        assert r.engine_bytes[name][0] == root + 2 * gathered  # root, unit params, flat
+    one = simulate(g, Schedule.none(g)).peak_bytes
+    everything = sum(2 * 2 * math.ceil(p.rows / 2) * 4 for ps in groups.values() for p in ps)
+    assert r.param_bytes < simulate(r, Schedule.none(r)).peak_bytes < one + everything
+
+
+def test_ddp_adds_its_buckets_to_every_moment() -> None:
+    g = _units_graph(3)
+    groups = _groups(g)
+    buckets = sum(p.bytes for ps in groups.values() for p in ps if p.trainable)
+    some = floor(g, time_limit_s=10).schedule  # (the least peak: it recomputes)
+    assert any(r.recompute for r in some.regions)
+    for s in (Schedule.none(g), some):
+        assert (simulate(per_rank(g, DDP(), groups), s).peak_bytes
+                == simulate(g, s).peak_bytes + buckets)
+    viewed = simulate(per_rank(g, DDP(True), groups), Schedule.none(g)).peak_bytes
+    assert viewed <= simulate(g, Schedule.none(g)).peak_bytes + buckets
+
+
+def test_a_per_rank_graph_round_trips_through_json(tmp_path) -> None:
+    g = per_rank(_units_graph(5), FSDP2(4, "gloo"), _groups(_units_graph(5)))
+    assert g.engine_bytes and g.meta["parallel"].startswith("FSDP2 over 4 ranks")
+    g.save(tmp_path / "g.json")
+    back = CostGraph.load(tmp_path / "g.json")
+    assert back == g and back.engine_bytes == g.engine_bytes
+    s = Schedule.none(g)
+    assert simulate(back, s) == simulate(g, s)
+
+
+@pytest.mark.parametrize("spec,why", [
+    ("fsdp2", "needs the world size"), ("fsdp2:0", "integer >= 1"), ("zero3", "not understood"),
+    (FSDP2, "not understood")])
+def test_bad_parallel_configurations_are_named(spec: object, why: str) -> None:
+    with pytest.raises(ParallelError, match=why):
+        parse_parallel(spec)
+
+
+def test_parallel_configurations_from_what_users_write() -> None:
+    assert parse_parallel("ddp") == DDP()
+    assert parse_parallel("FSDP2:8") == FSDP2(8)
+    assert parse_parallel("fsdp2", 4, "gloo") == FSDP2(4, "gloo")
+    assert parse_parallel(None) is None
+    with pytest.raises(ParallelError, match="world=0"):
+        FSDP2(0)
+
+
+def test_fsdp2_refuses_gradients_it_cannot_place() -> None:
+    g = _units_graph(4)
+    groups = dict(_groups(g))
+    path = g.units[0]
+    groups[path] = (*groups[path], Param(8, 1, 4))  # a parameter whose gradient is not there
+    with pytest.raises(ParallelError, match=f"unit {path!r}"):
+        per_rank(g, FSDP2(2), groups)
+
+
+def test_solve_plans_one_rank_of_fsdp2(build_example) -> None:
+    """`solve(parallel=...)` plans the per-rank step: units by default, the budget and the
+    estimate per rank (below the one-device plan's at the same fraction)."""
+    model, inputs = build_example("gpt", batch=4, block_size=32, n_layer=3, dropout=0.0)
+    one = scheduler.solve(model, inputs, budget="100%", solver="none", repeats=1)
+    plan = scheduler.solve(model, inputs, budget="100%", solver="none", repeats=1,
+                           parallel="fsdp2:4")
+    assert plan.units.paths and not one.units.paths
+    assert plan.graph.meta["parallel"] == "FSDP2 over 4 ranks (nccl)"
+    assert plan.estimate.peak_bytes < one.estimate.peak_bytes
+    assert plan.graph.param_bytes < one.graph.param_bytes / 3
+    torch.manual_seed(0)
+    plan.module(*inputs).backward()  # (one process: the plan runs unwrapped as well)
+
+
+@pytest.mark.parametrize("engine,world", [(DDP(optimizer="adamw"), 1),
+                                          (FSDP2(3, optimizer="adamw"), 3)])
+def test_optimizer_state_is_what_adamw_keeps(build_example, engine: object, world: int) -> None:
+    """``optimizer="adamw"`` holds, through the step, the bytes of the state
+    ``torch.optim.AdamW`` keeps after a step (of this rank's padded shards under FSDP2)."""
+    from scheduler.distributed import param_groups
+
+    model, inputs = build_example("gpt", n_layer=2)
+    model.transformer.wpe.weight.requires_grad_(False)  # (a frozen one has no state)
+    opt = torch.optim.AdamW(model.parameters(), foreach=False)
+    model(*inputs).backward()
+    opt.step()
+    if world == 1:
+        want = sum(t.untyped_storage().nbytes() for st in opt.state.values()
+                   for t in st.values())
+    else:  # each state tensor as the rank's padded shard of its parameter
+        want = sum(math.ceil(p.shape[0] / world) * (p.numel() // p.shape[0]) * 4 * 2 + 4
+                   for p in opt.state)
+    g = small_graph(3)  # (no units: every parameter is the root's)
+    groups = param_groups(model, ())
+    plain = dataclasses.replace(engine, optimizer=None)
+    assert per_rank(g, engine, {"": groups[""]}).param_bytes - per_rank(
+        g, plain, {"": groups[""]}).param_bytes == want
