@@ -328,3 +328,32 @@ def test_a_saved_profile_refuses_the_options_that_profile(tmp_path):
     assert code == 2 and "--mode, --units" in line and "scheduler profile" in line
     code, _, err = run(["solve", str(tmp_path / "missing.json"), "--budget", "80%"])
     assert code == 2 and "missing.json" in one_error_line(err)
+
+
+def test_a_per_rank_profile_plans_one_rank_and_says_so(factory, tmp_path):
+    """``profile --parallel fsdp2:4 --out g.json``, then ``solve g.json``: the graph is one
+    rank's (a quarter of the parameters, padded), the plan's table says per rank of what,
+    and it fits its budget on that graph. A bad --parallel is one line naming it, before
+    profiling; a saved graph refuses --parallel (it is profiled already)."""
+    from scheduler.cost.simulate import simulate
+    from scheduler.ir.graph import CostGraph
+
+    one, ranked = tmp_path / "one.json", tmp_path / "rank.json"
+    for path, extra in ((one, []), (ranked, ["--parallel", "fsdp2:4"])):
+        code, _, err = run(["profile", f"{factory}:small", "--units", "auto", "--repeats", "1",
+                            "--out", str(path), "--quiet", *extra])
+        assert code == 0, err
+    g1, g4 = CostGraph.load(one), CostGraph.load(ranked)
+    assert g4.meta["parallel"] == "FSDP2 over 4 ranks (nccl)"
+    assert g1.param_bytes / 4 <= g4.param_bytes < g1.param_bytes / 3
+    out = tmp_path / "s.json"
+    code, stdout, err = run(["solve", str(ranked), "--budget", "80%", "--out", str(out),
+                             "--time-limit", "5"])
+    assert code == 0, err
+    assert "per rank of" in stdout and "FSDP2 over 4 ranks" in stdout
+    assert simulate(g4, Schedule.load(out)).peak_bytes <= 0.8 * simulate(
+        g4, Schedule.none(g4)).peak_bytes
+    code, _, err = run(["solve", f"{factory}:small", "--budget", "80%", "--parallel", "zero3"])
+    assert code == 2 and "parallel='zero3' is not understood" in one_error_line(err)
+    code, _, err = run(["solve", str(ranked), "--budget", "80%", "--parallel", "ddp"])
+    assert code == 2 and "--parallel" in one_error_line(err)
