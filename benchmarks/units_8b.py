@@ -51,10 +51,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated (default: 60/40/30 GiB; 140/100/75 GiB from 64 "
                          "layers on, where parameters and gradients alone take 69 GiB)")
     ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--parallel", default=None,
+                    help="plan one rank: ddp or fsdp2:N (default budgets then 20/15/12 GiB)")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args(argv)
     if args.budgets is None:
-        args.budgets = "60GiB,40GiB,30GiB" if args.layers < 64 else "140GiB,100GiB,75GiB"
+        args.budgets = ("20GiB,15GiB,12GiB" if args.parallel else
+                        "60GiB,40GiB,30GiB" if args.layers < 64 else "140GiB,100GiB,75GiB")
     torch.set_num_threads(1)
     model = build(args.layers)
     ids = torch.empty((1, args.seq), dtype=torch.long, device="meta")
@@ -73,20 +76,24 @@ def main(argv: list[str] | None = None) -> int:
                 break
             plan = scheduler.solve(model, batch, budget=budget, mode="fake", units="auto",
                                    times="roofline", device_spec="h100",
-                                   time_limit_s=args.time_limit)
+                                   time_limit_s=args.time_limit, parallel=args.parallel)
         graph = plan.graph
         gap = "n/a" if plan.gap is None else f"{plan.gap:.1%}"
         rows.append((budget, plan.status, gap, format_bytes(plan.estimate.peak_bytes),
                      format_seconds(plan.solve_s), f"+{plan.estimate.overhead:.1%}"))
         print(rows[-1], flush=True)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rank = f"one rank of {graph.meta['parallel']}, " if args.parallel else ""
     lines = [f"Llama-3-8B shapes, {args.layers} layers, sequence {args.seq}, bf16, meta device, "
-             f"fake profile, units='auto', roofline h100 times; time limit {args.time_limit} s; "
-             f"process peak RSS {format_bytes(rss)}",
+             f"{rank}fake profile, units='auto', roofline h100 times; time limit "
+             f"{args.time_limit} s; process peak RSS {format_bytes(rss)}",
              "", "| budget | status | gap | predicted peak | solve | overhead |",
              "|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
-    publish("units_8b" if args.layers == 32 else f"units_8b_{args.layers}l", lines,
+    section = "units_8b" if args.layers == 32 else f"units_8b_{args.layers}l"
+    if args.parallel:
+        section += "_" + args.parallel.replace(":", "_")
+    publish(section, lines,
             write=args.write, device="cpu (planned for h100 from fake tensors)")
     return 0
 
