@@ -381,3 +381,27 @@ def test_a_model_that_cannot_run_is_ranked_by_prediction() -> None:
     assert auto.predicted_peak_bytes == simulate(c.graph, auto.schedule).peak_bytes
     with pytest.raises(ValueError, match="measuring runs real training steps.*meta"):
         compare(model, batch, budgets=["70%"], progress=False)
+
+
+def test_compare_ranks_one_rank_by_prediction(build_example, monkeypatch) -> None:
+    """``parallel=`` ranks the strategies for one rank of FSDP2 (its rows are the per-rank
+    graph's simulations); measuring, which cannot run a rank's wrapped step here, is refused
+    before anything is profiled."""
+    import scheduler.capture.profile as profile_module
+
+    model, inputs = build_example("gpt", batch=2, block_size=32, n_layer=3)
+    with monkeypatch.context() as m:
+        m.setattr(profile_module, "profile_step", lambda *a, **k: pytest.fail("profiled"))
+        with pytest.raises(ValueError, match="pass measure=False"):
+            scheduler.compare(model, inputs, budgets="80%", parallel="ddp", progress=False)
+    c = scheduler.compare(model, inputs, budgets=["80%"], parallel="fsdp2:2", measure=False,
+                          progress=False, time_limit_s=5, strategies=["auto", "none"])
+    one = scheduler.compare(model, inputs, budgets=["80%"], measure=False, progress=False,
+                            time_limit_s=5, strategies=["none"])
+    rank_none = next(r for r in c.rows if r.strategy == "none")
+    # (a rank's step is not the one device's: here more, the root's gathered embedding
+    # weighs more than the halved shards save)
+    assert rank_none.predicted_peak_bytes != one.rows[0].predicted_peak_bytes
+    assert rank_none.budget_bytes == int(0.8 * rank_none.predicted_peak_bytes)
+    auto = next(r for r in c.rows if r.strategy.startswith("auto"))
+    assert auto.fits_predicted and auto.predicted_peak_bytes <= auto.budget_bytes
