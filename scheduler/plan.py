@@ -258,7 +258,8 @@ def solve_graph(graph: CostGraph | str | Path, budget: int | float | str, *,
         raise infeasible_error(costs, solver, result, budget_bytes, headroom, budget)
     stamp = ({"execution": execution} if execution != "eager" else {}) | (
         units_meta(graph.units, "the units recorded in the profiled graph")
-        if graph.units else {})  # (`apply` runs the plan in them)
+        if graph.units else {}) | (  # (`apply` runs the plan in them)
+        {"parallel": graph.meta["parallel"]} if "parallel" in graph.meta else {})
     if stamp and result.schedule is not None:
         result = dataclasses.replace(result, schedule=dataclasses.replace(
             result.schedule, meta={**result.schedule.meta, **stamp}))

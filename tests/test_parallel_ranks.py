@@ -13,6 +13,7 @@ reference run; the tests read those records. The fast suite runs four cases on 2
 from __future__ import annotations
 
 import gc
+import warnings
 from typing import Any
 
 import pytest
@@ -87,14 +88,30 @@ def _worker(rank: int, world: int, only: set[tuple[str, str, str]] | None) -> di
             assert how == "ddp" or bool(paths) == per_unit, (how, paths)
             del model, plan
             gc.collect()
-            wrapped, peak = wrapped_step(module, wrapper, paths, call, inputs, adamw=adamw)
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                wrapped, peak = wrapped_step(module, wrapper, paths, call, inputs,
+                                             adamw=adamw)
+            rank_warnings = [str(w.message) for w in seen if "not this rank's" in str(w.message)]
             got = full_grads(wrapped)
             diff = max((got[k] - w).abs().max().item() for k, w in want.items())
             rec[(name, how, budget)] = {
                 "predicted": predicted, "budget": budget_bytes, "measured": peak,
-                "grad_diff": diff, "same_keys": set(got) == set(want)}
+                "grad_diff": diff, "same_keys": set(got) == set(want),
+                "rank_warnings": rank_warnings}
             del module, wrapped
             gc.collect()
+    # a plan fully_shard-ed otherwise than it was solved for says so, once
+    for solved_for in (None, f"fsdp2:{2 * world}"):
+        model, inputs, call = _build("gpt", rank)
+        plan = scheduler.solve(model, inputs, budget="100%", solver="none", repeats=1,
+                               units="auto", parallel=solved_for)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            wrapped_step(plan.module, "fsdp2", plan.units.paths, call, inputs)
+            call(plan.module).backward()
+        rec[("mismatch", solved_for and "other")] = [str(w.message) for w in seen
+                                         if "not this rank's" in str(w.message)]
     return rec
 
 
@@ -132,3 +149,15 @@ def test_gradients_are_those_of_the_unplanned_model(
     for rec in ranks:
         case = _cases(rec, name, how, budget)
         assert case["same_keys"] and case["grad_diff"] == 0.0, case
+        assert case["rank_warnings"] == [], case  # (wrapped as it was solved for)
+
+
+def test_a_plan_sharded_otherwise_than_solved_for_says_so_once(
+        ranks: list[dict[str, Any]]) -> None:
+    for rec in ranks:
+        one, other = rec[("mismatch", None)], rec[("mismatch", "other")]
+        assert len(one) == 1 and "solved for one device" in one[0], one
+        assert "parallel='fsdp2'" in one[0]
+        world = len(ranks)
+        assert len(other) == 1, other
+        assert f"sharded over {world} ranks; the plan was solved for {2 * world}" in other[0]

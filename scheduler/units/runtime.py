@@ -46,6 +46,7 @@ from ..ir.schedule import Schedule
 from ..regions import CheckpointedStep
 from ..rewrite import MAX_TRACES, check_on_fallback, first_line, report_fallback
 from . import capture
+from .engine import EngineCheck
 
 __all__ = ["UnitForward", "UnitsPlan", "rewrite_units", "units_plan"]
 
@@ -69,8 +70,7 @@ class UnitsPlan:
                  loss_fn: Callable[[Any], torch.Tensor] | None = None,
                  solved_specs: tuple[Any, ...] = ()):
         self.schedule, self.why, self.forwards = schedule, why, forwards
-        self.loss_fn, self.solved_specs = loss_fn, solved_specs
-        self._warned_shapes = False
+        self.loss_fn, self.solved_specs, self._warned_shapes = loss_fn, solved_specs, False
 
     @property
     def planned_steps(self) -> int:
@@ -197,6 +197,7 @@ def rewrite_units(model: nn.Module, graph: CostGraph, schedule: Schedule, *, tra
     root.__dict__["_scheduler_units"] = plan
     if inputs is not None:
         root.register_forward_pre_hook(plan.check_shapes, with_kwargs=True)
+    root.register_forward_pre_hook(EngineCheck(graph.units, schedule.meta.get("parallel")))
     for name in ("gradient_checkpointing_enable", "activation_checkpointing_enable"):
         if callable(getattr(model, name, None)):
             root.__dict__[name] = _refuse_hf_checkpointing
@@ -290,10 +291,8 @@ class UnitForward:
         self.planned_steps = self.fallback_steps = 0
         self.on_fallback = check_on_fallback(on_fallback)
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(vars(self))
-        state.update(_steps={}, _warned=set(), _where={})  # (traces do not copy or pickle)
-        return state
+    def __getstate__(self) -> dict[str, Any]:  # (traces do not copy or pickle)
+        return {**vars(self), "_steps": {}, "_warned": set(), "_where": {}}
 
     @property
     def traces(self) -> int:
