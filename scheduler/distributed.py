@@ -28,8 +28,8 @@ from .ir.graph import CostGraph
 from .ir.schedule import Schedule, ScheduleError
 from .parallel import Param, ParallelError
 
-__all__ = ["UnsupportedWrappingError", "check_unwrapped", "check_wrapping", "hook_ids",
-           "param_groups", "same_schedule"]
+__all__ = ["UnsupportedWrappingError", "check_unwrapped", "check_wrapping",
+           "fsdp_module_type", "hook_ids", "param_groups", "process_group", "same_schedule"]
 
 
 class UnsupportedWrappingError(RuntimeError):
@@ -112,7 +112,7 @@ def check_wrapping(module: nn.Module, called: Iterable[str] = (), *,
     """
     called = set(called)
     known = set(known)
-    fsdp_module = _fsdp_module_type()
+    fsdp_module = fsdp_module_type()
     for name, sub in _bypassed(module, called, ""):
         if fsdp_module is not None and isinstance(sub, fsdp_module):
             cls = next(c for c in type(sub).__mro__ if not issubclass(c, fsdp_module))
@@ -153,7 +153,7 @@ def _bypassed(module: nn.Module, called: set[str], prefix: str
         yield from _bypassed(child, called, name + ".")
 
 
-def _fsdp_module_type() -> type | None:
+def fsdp_module_type() -> type | None:
     """FSDP2's module class, or None where ``torch.distributed`` is not built in."""
     if not dist.is_available():
         return None
@@ -175,7 +175,7 @@ def check_unwrapped(model: nn.Module, action: str) -> None:
         from torch.nn.parallel import DistributedDataParallel
 
         kinds = [(DistributedDataParallel, "DistributedDataParallel"),
-                 (FullyShardedDataParallel, "FSDP"), (_fsdp_module_type(), "FSDP2's fully_shard")]
+                 (FullyShardedDataParallel, "FSDP"), (fsdp_module_type(), "FSDP2's fully_shard")]
     for path, m in model.named_modules():
         kind = next((name for cls, name in kinds if isinstance(m, cls)), None)
         if kind is not None:

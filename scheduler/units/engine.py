@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..distributed import _fsdp_module_type
+from ..distributed import fsdp_module_type
 
 __all__ = ["EngineCheck", "engine_mismatch"]
 
@@ -35,7 +35,7 @@ class EngineCheck:
         if (self.done or torch.compiler.is_compiling()
                 or not (torch.is_grad_enabled() and module.training)):
             return
-        fsdp = _fsdp_module_type()
+        fsdp = fsdp_module_type()
         if fsdp is None or not any(isinstance(m, fsdp) for m in (
                 module, *(module.get_submodule(p) for p in self.paths))):
             return  # (unwrapped: look again at the next call, which may be wrapped)
@@ -52,7 +52,7 @@ def engine_mismatch(root: nn.Module, paths: tuple[str, ...], solved_for: str | N
     """Why ``root``'s FSDP2 wrapping (of it and of its units at ``paths``) is not the one
     described by ``solved_for`` (`CostGraph.meta`'s ``"parallel"``, None: one device), or None
     when it is (or nothing is sharded: one device, or DDP, which no hook here sees)."""
-    fsdp = _fsdp_module_type()
+    fsdp = fsdp_module_type()
     if fsdp is None:
         return None
     mods = [(p, root.get_submodule(p)) for p in paths] + [("", root)]
