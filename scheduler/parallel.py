@@ -58,10 +58,10 @@ class Param:
     def bytes(self) -> int:
         return self.rows * self.row_numel * self.itemsize
 
-    def shard_numel(self, world: int) -> int:
-        """Elements of one rank's padded shard (FSDP2: dim 0 chunked, every chunk padded to
-        the first one's size)."""
-        return math.ceil(self.rows / world) * self.row_numel
+    def shard_bytes(self, world: int) -> int:
+        """Bytes of one rank's padded shard (FSDP2: dim 0 chunked, every chunk padded to the
+        first one's size)."""
+        return math.ceil(self.rows / world) * self.row_numel * self.itemsize
 
 
 #: optimizers whose state ``optimizer=`` counts, per trainable parameter: tensors like it, and
@@ -218,14 +218,12 @@ class _Group:
 
 def _group(params: Sequence[Param], world: int) -> _Group:
     train = [p for p in params if p.trainable]
-    return _Group(
-        gathered=world * sum(p.shard_numel(world) * p.itemsize for p in params),
-        sharded=sum(p.shard_numel(world) * p.itemsize for p in params),
-        reduce_in=world * sum(p.shard_numel(world) * p.itemsize for p in train),
-        reduce_out=sum(p.shard_numel(world) * p.itemsize for p in train),
-        pads=tuple(world * p.shard_numel(world) * p.itemsize for p in train
-                   if p.rows % world),
-        last_grad=train[-1].bytes if train else 0)
+    sharded = sum(p.shard_bytes(world) for p in params)
+    reduce_out = sum(p.shard_bytes(world) for p in train)
+    return _Group(gathered=world * sharded, sharded=sharded, reduce_in=world * reduce_out,
+                  reduce_out=reduce_out,
+                  pads=tuple(world * p.shard_bytes(world) for p in train if p.rows % world),
+                  last_grad=train[-1].bytes if train else 0)
 
 
 class _Events:
@@ -389,8 +387,7 @@ def _fsdp2(graph: CostGraph, cfg: FSDP2, groups: Mapping[str, Sequence[Param]]) 
         ev.free(rid)
     append(len(steps) - 1, ev.take())
     sharded = sum(grp.sharded for grp in g.values())
-    sharded += _optimizer_bytes(cfg.optimizer, groups,
-                                lambda p: p.shard_numel(world) * p.itemsize)
+    sharded += _optimizer_bytes(cfg.optimizer, groups, lambda p: p.shard_bytes(world))
     return _stamped(dataclasses.replace(
         graph, param_bytes=sharded, engine_bytes=engine, bwd_steps=steps,
         grad_bytes=sum(grp.reduce_out for grp in g.values())), cfg)
