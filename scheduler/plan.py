@@ -35,7 +35,7 @@ from .solvers.stash import solve_with_rng_stash
 from .step_checks import INPUT_SHAPES, check_shapes, input_shapes, own_peak
 from .units import UnitChoice, profile_units, warm_up
 from .units.step import planned_module
-from .units.apply import UNITS, apply_units, units_meta
+from .units.apply import UNITS, apply_units, stamped, units_meta
 from .quantities import check_time_limit, format_bytes, format_seconds
 
 __all__ = ["INPUT_SHAPES", "Plan", "apply", "input_shapes", "solve", "solve_graph"]
@@ -376,11 +376,7 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
         result = dataclasses.replace(result, schedule=schedule,
                                      estimate=simulate(costs_for(graph, execution), schedule),
                                      status=schedule.status, gap=schedule.gap)
-    # the shapes solved for, which `apply` checks if the fingerprint is ever removed
-    stamped = dataclasses.replace(schedule, meta={
-        **schedule.meta, INPUT_SHAPES: input_shapes(gm),
-        **(units_meta(choice.paths, choice.why) if choice.paths else {})})
-    result = dataclasses.replace(result, schedule=stamped)
+    result = dataclasses.replace(result, schedule=stamped(schedule, gm, choice))
     unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
     budget_bytes = parse_budget(budget, unconstrained)
     own = (own_peak(gm, model, inputs, budget_bytes, result.estimate, say)

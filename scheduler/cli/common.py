@@ -21,7 +21,7 @@ from scheduler.cli.spec import SpecError, split_spec
 from scheduler.quantities import check_time_limit
 
 __all__ = ["EXIT_BUG", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "PROG", "USER_ERRORS",
-           "add_json_and_quiet", "add_model_spec", "add_profile_options", "add_solver_options",
+           "add_json_and_quiet", "add_model_spec", "add_parallel_option", "add_profile_options", "add_solver_options",
            "add_units_option", "units_arg",
            "default_out", "describe_user_error", "fraction", "int_list", "names",
            "need_matplotlib", "positive_float", "positive_int", "prepare_out", "profile_model",
@@ -124,11 +124,16 @@ def add_profile_options(parser: argparse.ArgumentParser) -> None:
         "--device-spec", default=None, metavar="NAME",
         help="for --times roofline: a100, h100, h200, l4 or cpu",
     )
+    add_parallel_option(parser)
+
+
+def add_parallel_option(parser: argparse.ArgumentParser, then: str = "") -> None:
+    """``--parallel``: plan one rank of DDP or FSDP2 (``then`` adds to its help)."""
     parser.add_argument(
         "--parallel", default=None, metavar="ddp|fsdp2:N",
         help="plan one rank of data-parallel training: ddp (DistributedDataParallel) or "
-        "fsdp2:N (fully_shard on each unit, then the root, over N ranks); budgets and "
-        "peaks are then per rank (docs/distributed.md)",
+        "fsdp2:N (fully_shard on each unit, then the root, over N ranks); +adamw counts its "
+        "state; budgets and peaks are then per rank (docs/distributed.md)" + then,
     )
 
 

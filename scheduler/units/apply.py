@@ -10,18 +10,22 @@ checks its fingerprint against the schedule's, and builds the planned copy
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.fx as fx
 import torch.nn as nn
 
 from ..ir.region import ScheduleError
 from ..ir.schedule import Schedule
+from ..step_checks import INPUT_SHAPES, input_shapes
+from .find import UnitChoice
 from .runtime import rewrite_units
 from .step import profile_units
 
-__all__ = ["UNITS", "apply_units", "units_meta"]
+__all__ = ["UNITS", "apply_units", "stamped", "units_meta"]
 
 #: the schedule's ``meta`` key of its units: ``{"paths": [...], "why": "..."}``
 UNITS = "units"
@@ -30,6 +34,14 @@ UNITS = "units"
 def units_meta(paths: tuple[str, ...], why: str) -> dict[str, Any]:
     """What `solve` records of a plan's units in its schedule."""
     return {UNITS: {"paths": list(paths), "why": why}}
+
+
+def stamped(schedule: Schedule, gm: fx.GraphModule, choice: UnitChoice) -> Schedule:
+    """``schedule`` with what `solve` records beside it: the input shapes of the step ``gm``
+    solved for (which `apply` checks if the fingerprint is ever removed) and the units."""
+    return dataclasses.replace(schedule, meta={
+        **schedule.meta, INPUT_SHAPES: input_shapes(gm),
+        **(units_meta(choice.paths, choice.why) if choice.paths else {})})
 
 
 def apply_units(model: nn.Module, schedule: Schedule, example_inputs: Any, *,

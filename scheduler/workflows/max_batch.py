@@ -9,13 +9,18 @@ scale with it, parameters do not), the line through them brackets the answer, so
 sizes near it are profiled and solved. A search over sizes then finds ``n`` that fits with
 ``n + 1`` that does not, and ``n``'s plan is measured; should the measurement exceed the
 budget less headroom, the search goes on below it.
+
+With ``parallel`` (``"ddp"``, ``"fsdp2:8"``, ...; `parallel.parse_parallel`) the sizes are
+profiled as `solve` profiles them for one rank of that engine (`units.profile_units`), so the
+budget is a rank's; the answer is then predicted, not measured (one rank's step runs only
+under the engine, on all its ranks).
 """
 
 from __future__ import annotations
 
 import inspect
 import numbers
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 import torch.nn as nn
@@ -26,11 +31,15 @@ from ..capture.trace import as_tuple, trace
 from ..cost.simulate import simulate
 from ..ir.graph import CostGraph
 from ..ir.schedule import Schedule
+from ..distributed import process_group
 from ..measurement.step import Measurement, measure
+from ..parallel import parse_parallel
 from ..plan import Plan, solve_graph
 from ..rewrite import rewrite
 from ..solvers.base import SolveResult, get_solver
 from ..quantities import check_time_limit, format_bytes
+from ..units.apply import stamped
+from ..units.step import planned_module, profile_units
 from .advise import check_headroom, parse_memory
 
 __all__ = ["MaxBatch", "Probe", "check_factory", "max_batch"]
@@ -58,11 +67,14 @@ class MaxBatch:
         budget_bytes / headroom / usable_bytes: ``usable = budget * (1 - headroom)`` is what a
             plan's peak must stay within.
         plan: the optimal plan at ``size`` (its module runs on a fresh model from the factory).
-        measured: that plan's module measured (`Measurement`), confirming it fits.
+        measured: that plan's module measured (`Measurement`), confirming it fits; None for
+            a plan of one rank (``parallel``), which is predicted only.
         next: the probe of ``size + 1``, saying why it does not fit.
         probes: every size profiled, in the order tried.
         predicted_size: the size the first two profiles extrapolated to (None where the peak
             did not grow with the size).
+        parallel: the engine one rank of which was planned (its `describe`), or None for
+            one device.
     """
 
     dim: str
@@ -76,6 +88,7 @@ class MaxBatch:
     next: Probe
     probes: list[Probe] = field(default_factory=list)
     predicted_size: int | None = None
+    parallel: str | None = None
 
     @property
     def measured_peak_bytes(self) -> int | None:
@@ -93,6 +106,7 @@ class MaxBatch:
             "measured_peak_bytes": self.measured_peak_bytes,
             "measured_step_s": None if self.measured is None else self.measured.step_s,
             "next": asdict(self.next), "probes": [asdict(p) for p in self.probes],
+            "parallel": self.parallel,
         }
 
     def summary(self) -> str:
@@ -100,14 +114,17 @@ class MaxBatch:
         if self.plan is None:
             return f"no {self.dim} fits: {self.next.reason}"
         e = self.plan.estimate
+        rank = f" per rank of {self.parallel}" if self.parallel else ""
+        measured = (format_bytes(self.measured_peak_bytes) if self.measured is not None else
+                    "not measured (one rank's step runs only under the engine)")
         return "\n".join([
-            f"largest {self.dim}: {self.size} (budget {format_bytes(self.budget_bytes)}, "
+            f"largest {self.dim}: {self.size} (budget {format_bytes(self.budget_bytes)}{rank}, "
             f"{format_bytes(self.usable_bytes)} after {self.headroom:.0%} headroom)",
             f"  plan            {self.plan.result.solver} {self.plan.status}, "
             f"{len(self.plan.schedule.recompute_regions)}/{len(self.plan.schedule.regions)} "
             f"regions recomputed, overhead +{e.overhead:.1%}",
             f"  predicted peak  {format_bytes(e.peak_bytes)}",
-            f"  measured peak   {format_bytes(self.measured_peak_bytes or 0)}",
+            f"  measured peak   {measured}",
             f"  {self.dim} {self.next.size}: {self.next.reason}",
             f"  profiled sizes  {', '.join(str(p.size) for p in self.probes)}",
         ])
@@ -117,7 +134,7 @@ def max_batch(factory: Callable[..., Any], *, budget: int | str,
               max_overhead: float | None = None, dim: str = "batch", headroom: float = 0.1,
               solver: str = "auto", time_limit_s: float | None = 30.0, repeats: int = 1,
               start: int | None = None, limit: int = 1 << 20,
-              progress: Callable[[str], None] | None = None) -> MaxBatch:
+              progress: Callable[[str], None] | None = None, parallel: Any = None) -> MaxBatch:
     """The largest ``dim`` whose optimal checkpointing plan fits ``budget`` less headroom.
 
     Args:
@@ -135,6 +152,9 @@ def max_batch(factory: Callable[..., Any], *, budget: int | str,
         start: the first size to profile; default the factory's default for ``dim``, else 1.
         limit: the largest size considered.
         progress: called with a short message as each phase starts.
+        parallel: plan one rank of data-parallel training, as `solve` does (``"ddp"``,
+            ``"fsdp2:8"``, ``"fsdp2:8+adamw"``, `parallel.DDP`, `parallel.FSDP2`): the budget
+            is then a rank's, and the answer predicted only (``measured`` is None).
 
     Returns:
         A `MaxBatch`: ``.size``, ``.plan``, ``.measured`` and ``.next`` (why ``size + 1``
@@ -155,19 +175,22 @@ def max_batch(factory: Callable[..., Any], *, budget: int | str,
                          f"+30%) or None, got {max_overhead!r}")
     get_solver(solver)
     check_time_limit(time_limit_s)
+    engine = parse_parallel(parallel, *process_group())
     first = check_factory(factory, dim, start)
     search = _Search(factory, dim, int(budget_bytes * (1 - headroom)), max_overhead, solver,
-                     time_limit_s, repeats, progress or (lambda _msg: None))
+                     time_limit_s, repeats, progress or (lambda _msg: None), parallel)
     predicted = search.bracket(first)
     size = search.run(predicted, limit)
+    rank = engine.describe() if engine is not None else None
     while True:
         if size == 0:
             return MaxBatch(dim, 0, budget_bytes, headroom, search.usable, max_overhead, None,
-                            None, search.probe(1), search.tried(), predicted)
+                            None, search.probe(1), search.tried(), predicted, rank)
         plan, measured = search.confirm(size, budget_bytes)
-        if measured.peak_bytes <= search.usable:
+        if measured is None or measured.peak_bytes <= search.usable:
             return MaxBatch(dim, size, budget_bytes, headroom, search.usable, max_overhead,
-                            plan, measured, search.probe(size + 1), search.tried(), predicted)
+                            plan, measured, search.probe(size + 1), search.tried(), predicted,
+                            rank)
         size = search.run(size - 1, limit)
 
 
@@ -201,9 +224,10 @@ class _Search:
 
     def __init__(self, factory: Callable[..., Any], dim: str, usable: int,
                  max_overhead: float | None, solver: str, time_limit_s: float | None,
-                 repeats: int, say: Callable[[str], None]):
+                 repeats: int, say: Callable[[str], None], parallel: Any = None):
         self.factory, self.dim, self.usable, self.max_overhead = factory, dim, usable, max_overhead
         self.solver, self.time_limit_s, self.repeats, self.say = solver, time_limit_s, repeats, say
+        self.parallel = parallel
         self.probes: dict[int, Probe] = {}
         self.graphs: dict[int, CostGraph] = {}
         self.results: dict[int, SolveResult] = {}
@@ -223,10 +247,18 @@ class _Search:
         if n not in self.graphs:
             self.say(f"profiling {self.dim}={n}")
             model, inputs, loss_fn = self.build(n)
-            gm = trace(model, inputs, loss_fn=loss_fn)
-            self.graphs[n] = profile_traced(gm, model, inputs, repeats=self.repeats,
-                                            name=type(model).__name__)
+            if self.parallel is None:
+                gm = trace(model, inputs, loss_fn=loss_fn)
+                self.graphs[n] = profile_traced(gm, model, inputs, repeats=self.repeats,
+                                                name=type(model).__name__)
+            else:
+                self.graphs[n] = self.per_rank(model, inputs, loss_fn)[1]
         return self.graphs[n]
+
+    def per_rank(self, model: nn.Module, inputs: tuple[Any, ...], loss_fn: Any) -> Any:
+        """`profile_units` of one rank, as `solve` profiles it: (step, graph, inputs, units)."""
+        return profile_units(model, inputs, "default", parallel=self.parallel,
+                             loss_fn=loss_fn, repeats=self.repeats, name=type(model).__name__)
 
     def min_peak(self, n: int) -> int:
         """The least predicted peak any schedule reaches at size ``n``."""
@@ -310,17 +342,28 @@ class _Search:
                 hi = mid
         return lo
 
-    def confirm(self, n: int, budget_bytes: int) -> tuple[Plan, Measurement]:
+    def confirm(self, n: int, budget_bytes: int) -> tuple[Plan, Measurement | None]:
         """``n``'s plan on a fresh model, measured; a measured peak over the usable budget
-        marks ``n`` as not fitting."""
-        self.say(f"measuring {self.dim}={n}")
+        marks ``n`` as not fitting. A plan of one rank is built as `solve` builds it (profiled
+        again, on the fresh model) and not measured."""
         r, g = self.results[n], self.graphs[n]
         model, inputs, loss_fn = self.build(n)
-        gm = trace(model, inputs, loss_fn=loss_fn)
-        plan = Plan(module=rewrite(gm, r.schedule, model), schedule=r.schedule,
+        units = None
+        if self.parallel is None:
+            module = rewrite(trace(model, inputs, loss_fn=loss_fn), r.schedule, model)
+        else:
+            self.say(f"building the plan of {self.dim}={n}")
+            gm, graph, inputs, units = self.per_rank(model, inputs, loss_fn)
+            r = replace(r, schedule=stamped(r.schedule, gm, units))
+            module = planned_module(gm, graph, r.schedule, model, inputs, why=units.why)
+        plan = Plan(module=module, schedule=r.schedule,
                     estimate=r.estimate, status=r.status, gap=r.gap, solve_s=r.solve_s,
                     graph=g, result=r, budget_bytes=budget_bytes,
-                    unconstrained_peak_bytes=simulate(g, Schedule.none(g)).peak_bytes)
+                    unconstrained_peak_bytes=simulate(g, Schedule.none(g)).peak_bytes,
+                    **({"units": units} if units is not None else {}))
+        if self.parallel is not None:
+            return plan, None
+        self.say(f"measuring {self.dim}={n}")
         m = measure(plan.module, inputs, loss_fn=loss_fn, repeats=self.repeats)
         if m.peak_bytes > self.usable:
             p = self.probes[n]

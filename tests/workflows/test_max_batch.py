@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from _cli import run
 from conftest import unscheduled_peak
 
@@ -140,6 +141,37 @@ def test_factory_without_the_size_keyword_names_it_and_the_fix():
         scheduler.max_batch(no_size, budget="1MB")
 
 
+@pytest.mark.slow  # (profiles each size as one rank, and solves twice more)
+def test_per_rank_the_answer_is_the_largest_size_solve_fits_per_rank():
+    """With ``parallel``, the sizes are planned for one rank, as `solve(parallel=...)` plans
+    them: at the answer solve fits the usable budget per rank, one more it cannot; the answer
+    is predicted only (not measured), and says so."""
+    budget = int(1.2 * measured_unscheduled_peak(gpt_factory, 2))
+    r = scheduler.max_batch(gpt_factory, budget=budget, parallel="fsdp2:4+adamw")
+    assert r.size >= 1 and r.measured is None and r.measured_peak_bytes is None
+    assert r.parallel == "FSDP2 over 4 ranks (nccl, adamw state)"
+    assert r.plan.graph.meta["parallel"] == r.parallel and r.plan.units.paths
+    assert "not measured" in r.summary() and "per rank of FSDP2 over 4 ranks" in r.summary()
+    model, inputs = gpt_factory(batch=r.size)
+    plan = scheduler.solve(model, inputs, budget=r.usable_bytes, parallel="fsdp2:4+adamw")
+    assert plan.estimate.peak_bytes <= r.usable_bytes
+    assert plan.units.paths == r.plan.units.paths
+    model, inputs = gpt_factory(batch=r.size + 1)
+    with pytest.raises(InfeasibleBudgetError):
+        scheduler.solve(model, inputs, budget=r.usable_bytes, parallel="fsdp2:4+adamw")
+    # the plan runs the model: its gradients are those of the same model unplanned
+    model, inputs = gpt_factory(batch=r.size)
+    reference, _ = gpt_factory(batch=r.size)
+    reference.load_state_dict(r.plan.module.state_dict())
+    for m in (r.plan.module, reference):
+        torch.manual_seed(1)  # (the same dropout masks)
+        m(*inputs).sum().backward()
+    for (name, a), b in zip(r.plan.module.named_parameters(), reference.parameters()):
+        assert torch.equal(a.grad, b.grad), name
+    with pytest.raises(ValueError, match=r"fsdp3"):
+        scheduler.max_batch(gpt_factory, budget=budget, parallel="fsdp3")
+
+
 def test_cli_max_batch(tmp_path):
     spec = tmp_path / "models.py"
     spec.write_text("from examples.gpt import build as _b\n\n"
@@ -158,3 +190,6 @@ def test_cli_max_batch(tmp_path):
     code, _, err = run(["max-batch", f"{spec}:small", "--budget", "1MB",
                         "--max-overhead", "lots"])
     assert code == 2 and "expected a fraction" in err
+    code, out, err = run(["max-batch", f"{spec}:small", "--budget", "1MB",
+                          "--parallel", "fsdp2:x"])
+    assert code == 2 and out == "" and "fsdp2:x" in err
