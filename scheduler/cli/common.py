@@ -21,8 +21,8 @@ from scheduler.cli.spec import SpecError, split_spec
 from scheduler.quantities import check_time_limit
 
 __all__ = ["EXIT_BUG", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "PROG", "USER_ERRORS",
-           "add_json_and_quiet", "add_model_spec", "add_parallel_option", "add_profile_options", "add_solver_options",
-           "add_units_option", "units_arg",
+           "add_json_and_quiet", "add_model_spec", "add_parallel_option", "add_profile_options",
+           "add_solver_options", "add_units_option", "units_arg",
            "default_out", "describe_user_error", "fraction", "int_list", "names",
            "need_matplotlib", "positive_float", "positive_int", "prepare_out", "profile_model",
            "profile_options", "run_quietly_or_not", "time_limit", "user_errors"]
