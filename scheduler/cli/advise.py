@@ -9,6 +9,7 @@ from typing import Any
 from scheduler.cli.common import (
     EXIT_OK,
     add_model_spec,
+    add_parallel_option,
     add_solver_options,
     int_list,
     run_quietly_or_not,
@@ -23,10 +24,13 @@ examples:
   scheduler advise examples/gpt.py:build --device-memory 24GiB --optimizer adamw
   scheduler advise examples/mlp.py:build --device-memory 8GiB --micro-batches 2,4 --json advice.json
   scheduler advise examples/unet.py:build --device-memory 16GiB --optimizer-state 2GiB --quiet
+  scheduler advise examples/gpt.py:build --device-memory 80GiB --parallel fsdp2:8
 
 The step is measured for real (forward, backward and one optimizer step, on a copy of the
 model). When it does not fit the device less headroom, checkpointing and gradient accumulation
-over 2, 4, 8 micro-batches are priced and the fastest option that fits is recommended.
+over 2, 4, 8 micro-batches are priced and the fastest option that fits is recommended. With
+--parallel, everything is one rank's and predicted, not measured (the named optimizer's state
+is counted per rank).
 """
 
 
@@ -53,6 +57,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--micro-batches", type=int_list, default=None, metavar="K,K",
                         help="micro-batch counts to price for gradient accumulation "
                         "(default: 2,4,8 where they divide the batch; '' for none)")
+    add_parallel_option(parser, "; --device-memory is then a rank's, and the advice "
+                        "predicted, not measured")
     add_solver_options(parser, headroom=0.1)
     parser.set_defaults(func=run)
 
@@ -60,6 +66,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Measure and advise, write --json, and print the report unless --quiet."""
     from scheduler.measurement.breakdown import get_optimizer
+    from scheduler.workflows.advise_rank import rank_engine
     from scheduler.solvers import get_solver
     from scheduler.workflows.advise import advise, check_headroom, parse_memory
 
@@ -69,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
              else parse_memory(args.optimizer_state, "--optimizer-state"))
     if state is None:
         get_optimizer(args.optimizer)
+    if args.parallel is not None:
+        rank_engine(args.parallel, args.optimizer, state)
     check_headroom(args.headroom)
     get_solver(args.solver)
     model, inputs, loss_fn = load_factory(args.model_spec)
@@ -76,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         device_memory=args.device_memory, optimizer=args.optimizer,
         optimizer_state_bytes=state, loss_fn=loss_fn, headroom=args.headroom,
         micro_batches=args.micro_batches, solver=args.solver, time_limit_s=args.time_limit,
-        repeats=args.repeats)
+        repeats=args.repeats, parallel=args.parallel)
     advice = run_quietly_or_not(args, lambda say: advise(model, inputs, progress=say,
                                                          **kwargs))
     if args.json is not None:

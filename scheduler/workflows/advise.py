@@ -42,6 +42,7 @@ from ..measurement.step import measure, measure_in_turns
 from ..plan import solve_graph
 from ..rewrite import rewrite
 from ..quantities import check_time_limit, format_bytes, format_seconds, parse_bytes
+from .advise_rank import advise_per_rank, rank_engine
 from .advice import (
     CHECKPOINT,
     FITS,
@@ -109,7 +110,7 @@ def advise(model: nn.Module, example_inputs: Sequence[Any], *, device_memory: in
            loss_fn: Callable[[Any], torch.Tensor] | None = None, headroom: float = 0.1,
            micro_batches: Sequence[int] | None = None, solver: str = "auto",
            time_limit_s: float | None = 30.0, repeats: int = 3,
-           progress: Callable[[str], None] | None = None) -> Advice:
+           progress: Callable[[str], None] | None = None, parallel: Any = None) -> Advice:
     """Measure where one training step's memory goes and recommend what makes it fit.
 
     Args:
@@ -129,6 +130,11 @@ def advise(model: nn.Module, example_inputs: Sequence[Any], *, device_memory: in
         solver, time_limit_s: passed to `solve_graph` for the checkpointing plans.
         repeats: timed steps per measurement and profile.
         progress: called with a short message as each phase starts.
+        parallel: advise one rank of data-parallel training (``"ddp"``, ``"fsdp2:8"``,
+            `parallel.DDP`, `parallel.FSDP2`, as in `solve`): ``device_memory`` is then a
+            rank's device, the optimizer (named) has its state counted per rank, and
+            everything is predicted from one rank's profile, not measured
+            (`workflows.advise_rank`).
 
     Returns:
         An `Advice`: ``print(advice)`` for the report, ``advice.to_json()`` for the data.
@@ -152,11 +158,19 @@ def advise(model: nn.Module, example_inputs: Sequence[Any], *, device_memory: in
                                                            "optimizer_state_bytes"))
     if state_bytes is None and not callable(optimizer):
         get_optimizer(optimizer)
+    engine = (rank_engine(parallel, optimizer, optimizer_state_bytes)
+              if parallel is not None else None)
     inputs = call_inputs(model, example_inputs)
     batch = _batch_size(inputs)
     ks = _micro_batch_counts(micro_batches, batch)
     say = progress or (lambda _msg: None)
     usable = int(device_bytes * (1 - headroom))
+    if engine is not None:
+        return advise_per_rank(
+            model, inputs, engine, device_bytes=device_bytes, headroom=headroom,
+            usable=usable, batch=batch, ks=ks, loss_fn=loss_fn, solver=solver,
+            time_limit_s=time_limit_s, repeats=repeats, slicer=slice_inputs,
+            accumulation=accumulation_graph, say=say)
 
     say("measuring a training step with its optimizer")
     bd = measure_training_step(model, inputs, loss_fn=loss_fn, optimizer=optimizer,

@@ -226,6 +226,56 @@ def test_optimizer_state_given_in_bytes(build_example):
     assert b.optimizer_step_peak_bytes == 0 and b.phase != "optimizer step"
 
 
+# ------------------------------------------------------------------------------ one rank
+
+
+def _sharded_adamw_state(model: nn.Module, world: int) -> tuple[int, int]:
+    """(bytes of one rank's padded parameter shards, the state real AdamW keeps for them),
+    from the model's tensors: FSDP2 chunks dim 0 over ``world``, padded to the first chunk."""
+    shards = [torch.zeros(-(-p.shape[0] // world), *p.shape[1:]) if p.dim() else
+              torch.zeros(()) for p in model.parameters()]
+    for t in shards:
+        t.requires_grad_(True)
+        t.grad = torch.zeros_like(t)
+    opt = torch.optim.AdamW(shards, lr=1e-3)
+    opt.step()
+    return sum(t.untyped_storage().nbytes() for t in shards), _adamw_state_bytes(opt)
+
+
+def test_per_rank_advice_is_one_ranks_step_predicted(gpt):
+    """``parallel="fsdp2:4"``: the parameters are one rank's shards and the state what real
+    AdamW keeps for them; the step as it is peaks as `solve` predicts for that rank; where
+    it does not fit, the chosen option fits and the report says it is predicted only."""
+    model, inputs = gpt
+    shards, state = _sharded_adamw_state(model, 4)
+    plan = scheduler.solve(model, inputs, budget="100%", parallel="fsdp2:4+adamw")
+    peak = plan.unconstrained_peak_bytes
+    advice = scheduler.advise(model, inputs, device_memory=int(0.8 * peak), headroom=0.0,
+                              parallel="fsdp2:4", micro_batches=(2,), repeats=1)
+    b = advice.breakdown
+    assert b.parts["parameters"] == shards and b.parts["optimizer_state"] == state
+    assert b.peak_bytes == peak == sum(b.parts.values()) and b.parts["gradients"] == 0
+    assert not advice.fits and advice.chosen is not None and advice.chosen.fits
+    assert advice.chosen.predicted_peak_bytes <= advice.usable_bytes
+    assert "predicted" in b.phase and "Predicted for one rank" in advice.summary
+    assert "FSDP2 over 4 ranks" in b.optimizer and advice.measured is None
+    assert advice.schedules and advice.plan_module is None
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(optimizer="rmsprop"), r"optimizer='rmsprop' cannot be: name one of adamw"),
+    (dict(optimizer_state_bytes=100), r"optimizer_state_bytes=100 cannot be"),
+    (dict(optimizer=lambda ps: torch.optim.SGD(ps, lr=1.0)), r"counts the optimizer's state "
+                                                            r"per rank from its name"),
+    (dict(parallel="fsdp2:4+adam"), r"counts 'adam' state but optimizer='adamw'"),
+    (dict(parallel="fsdp3"), r"fsdp3"),
+])
+def test_per_rank_bad_input_is_rejected_before_profiling(kwargs, match, build_example):
+    model, inputs = build_example("mlp", batch=4, dim=8, depth=1)
+    with pytest.raises(ValueError, match=match):
+        scheduler.advise(model, inputs, device_memory="1GiB", **{"parallel": "ddp", **kwargs})
+
+
 # ------------------------------------------------------------------------------ command line
 
 
@@ -240,6 +290,12 @@ def test_cli_advise_prints_and_writes_json(tmp_path):
     code, out, err = run(["advise", "examples/mlp.py:build", "--device-memory", "1GiB",
                           "--quiet"])
     assert (code, out, err) == (0, "", "")
+    code, out, err = run(["advise", "examples/mlp.py:build", "--device-memory", "1GiB",
+                          "--parallel", "ddp", "--json", str(path)])
+    assert code == 0, err
+    data = json.loads(path.read_text())
+    assert data["recommendation"] == FITS and "per rank of DDP" in data["breakdown"]["optimizer"]
+    assert "one rank's step fits" in data["summary"]
 
 
 @pytest.mark.parametrize(("argv", "match"), [
@@ -248,6 +304,9 @@ def test_cli_advise_prints_and_writes_json(tmp_path):
     (["--device-memory", "1GiB", "--optimizer", "lion"], "valid optimizers: adamw"),
     (["--device-memory", "1GiB", "--headroom", "150%"], "headroom must be a fraction"),
     (["--device-memory", "1GiB", "--solver", "magic"], "unknown solver 'magic'"),
+    (["--device-memory", "1GiB", "--parallel", "fsdp2"], "fsdp2"),
+    (["--device-memory", "1GiB", "--parallel", "ddp", "--optimizer", "adagrad"],
+     "optimizer='adagrad' cannot be"),
 ])
 def test_cli_advise_errors_are_one_line_exit_2(argv, match):
     code, out, err = run(["advise", "examples/mlp.py:build", *argv])
