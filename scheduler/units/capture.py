@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["active", "recorded", "recording", "replay", "signature"]
+__all__ = ["active", "find", "recorded", "recording", "replay", "signature"]
 
 MODULE = "transformers.utils.output_capturing"
 
 
-#: transformers' collector variable, once an eager call has found its module imported: under
+#: transformers' collector variable, once `find` has found its module imported (eagerly): under
 #: ``torch.compile`` `active` reads it here, never ``sys.modules`` (dynamo would guard on the
 #: length of ``sys.modules``, and any later import would compile the unit again)
 _FOUND: list[Any] = []
@@ -47,12 +47,16 @@ def active() -> dict[str, Any] | None:
         if not _FOUND or not getattr(_FOUND[0], "compiling", False):
             return None
         return _FOUND[0].global_var or None
-    if not _FOUND:
-        mod = sys.modules.get(MODULE)
-        if mod is None:
-            return None
+    find()
+    return (_FOUND[0].get() or None) if _FOUND else None
+
+
+def find() -> None:
+    """Look for transformers' output capture, eagerly (`rewrite_units` calls it as it builds a
+    plan, so that a plan compiled before any eager call still reads the collector)."""
+    mod = None if _FOUND else sys.modules.get(MODULE)
+    if mod is not None:
         _FOUND.append(mod._active_collector)
-    return _FOUND[0].get() or None
 
 
 def signature(collector: dict[str, Any] | None) -> tuple | None:
