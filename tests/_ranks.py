@@ -30,6 +30,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from scheduler.measurement.compiled import allocator_rise
 from scheduler.measurement.storage import StorageTracker
 
 
@@ -148,3 +149,24 @@ def full_grads(module: nn.Module) -> dict[str, torch.Tensor]:
         if g is not None:
             out[name] = (g.full_tensor() if isinstance(g, DTensor) else g).detach().clone()
     return out
+
+
+def allocator_peak(module: nn.Module, call: Callable[[nn.Module], torch.Tensor], inputs: Any
+                   ) -> int:
+    """This rank's peak bytes in one training step ``call(module).backward()`` (gradients at
+    None) of a wrapped module whose compiled parts allocate outside dispatch (inductor's
+    buffers, which `_Tracker` does not see): c10's allocator's rise over the step, from the
+    profiler's memory events (`measurement.compiled.allocator_rise`; FSDP2's storage resizes
+    allocate through it too), on top of the storages the rank holds before it (local
+    parameter shards, buffers, inputs)."""
+    for p in module.parameters():
+        p.grad = None
+    held: dict[int, int] = {}
+    for t in [*module.parameters(), *module.buffers(),
+              *[x for x in torch.utils._pytree.tree_leaves(inputs) if isinstance(x, torch.Tensor)]]:
+        s = _local(t).untyped_storage()
+        held[s.data_ptr()] = s.nbytes()
+    rise = allocator_rise(lambda: call(module).backward(), torch.device("cpu"))
+    for p in module.parameters():
+        p.grad = None
+    return sum(held.values()) + rise

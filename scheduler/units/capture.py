@@ -26,22 +26,37 @@ from typing import Any
 
 import torch
 
-__all__ = ["active", "recorded", "recording", "replay", "signature"]
+__all__ = ["active", "find", "recorded", "recording", "replay", "signature"]
 
 MODULE = "transformers.utils.output_capturing"
 
 
+#: transformers' collector variable, once `find` has found its module imported (eagerly): under
+#: ``torch.compile`` `active` reads it here, never ``sys.modules`` (dynamo would guard on the
+#: length of ``sys.modules``, and any later import would compile the unit again)
+_FOUND: list[Any] = []
+
+
 def active() -> dict[str, Any] | None:
-    """The collector transformers' output capture has open now, or None. Under
-    ``torch.compile`` the one transformers opened there (its ``CompileableContextVar`` keeps
-    it in a plain attribute while compiling: dynamo cannot read a ``ContextVar``)."""
-    mod = sys.modules.get(MODULE)
-    if mod is None:
-        return None
-    var = mod._active_collector
+    """The collector transformers' output capture has open now, or None (also for an empty
+    one: no hook appends to it, and a unit compiled by itself cannot read the one transformers
+    opened eagerly). Under ``torch.compile`` the one transformers opened there (its
+    ``CompileableContextVar`` keeps it in a plain attribute while compiling: dynamo cannot read
+    a ``ContextVar``)."""
     if torch.compiler.is_compiling():
-        return var.global_var if getattr(var, "compiling", False) else None
-    return var.get()
+        if not _FOUND or not getattr(_FOUND[0], "compiling", False):
+            return None
+        return _FOUND[0].global_var or None
+    find()
+    return (_FOUND[0].get() or None) if _FOUND else None
+
+
+def find() -> None:
+    """Look for transformers' output capture, eagerly (`rewrite_units` calls it as it builds a
+    plan, so that a plan compiled before any eager call still reads the collector)."""
+    mod = None if _FOUND else sys.modules.get(MODULE)
+    if mod is not None:
+        _FOUND.append(mod._active_collector)
 
 
 def signature(collector: dict[str, Any] | None) -> tuple | None:

@@ -163,6 +163,7 @@ def rewrite_units(model: nn.Module, graph: CostGraph, schedule: Schedule, *, tra
     """
     check_on_fallback(on_fallback)
     check(graph, schedule)
+    capture.find()  # (transformers' output capture, looked up now: not under compile)
     names = graph.compute_nodes
     pos = {n: i for i, n in enumerate(names)}
     calls: dict[str, list[tuple[int, int]]] = {}
