@@ -6,7 +6,9 @@ the root, and train.
 The reference is the unplanned model wrapped the same way (its units compiled alike, then
 sharded). Bit-equality is not promised under inductor, so each case's tolerance is what
 compiling does to the unplanned model: its largest loss and gradient difference from the same
-model run eagerly (FSDP2, uncompiled). The plan may not move the compiled step further from
+model run eagerly (FSDP2, uncompiled), and at least a few float32 rounding steps of the
+values compared (a fused kernel may sum in another order: where compiling happens to change
+nothing on this CPU it may on another). The plan may not move the compiled step further from
 the compiled reference than that.
 
 The plan runs planned: compiled calls are not counted (`UnitsPlan.planned_calls` skips them,
@@ -119,6 +121,13 @@ def _diff(a: list[Any], b: list[Any]) -> tuple[float, float]:
     return loss, grad
 
 
+def _rounding(steps: list[Any]) -> tuple[float, float]:
+    """Eight float32 rounding steps of the largest loss and gradient entry over the steps."""
+    eps = 8 * torch.finfo(torch.float32).eps
+    return (eps * max(loss.abs().item() for loss, _ in steps),
+            eps * max(g.abs().max().item() for _, grads in steps for g in grads.values()))
+
+
 def _worker(rank: int, world: int) -> dict[str, Any]:
     rec: dict[Any, Any] = {}
     for name in MODELS:
@@ -155,6 +164,7 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
                         ref_compiled=ref["compiled"],
                         # what compiling does to the unplanned model; what the plan does
                         compile_diff=_diff(ref["steps"], eager),
+                        rounding=_rounding(ref["steps"]),
                         plan_diff=_diff(got["steps"], ref["steps"]),
                         same_keys=all(set(a) == set(b) for (_, a), (_, b)
                                       in zip(got["steps"], ref["steps"])))
@@ -200,7 +210,7 @@ def test_compiled_plan_trains_as_the_compiled_unplanned_model(
     for rec in ranks:
         case = rec[(name, way)]
         assert case["same_keys"], case
-        loss_tol, grad_tol = case["compile_diff"]
+        loss_tol, grad_tol = map(max, case["compile_diff"], case["rounding"])
         loss, grad = case["plan_diff"]
         assert loss <= loss_tol and grad <= grad_tol, case
 
