@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 
 import pytest
 import torch
@@ -101,6 +102,48 @@ def test_fsdp2_shards_what_lives_and_adds_what_runs() -> None:
     one = simulate(g, Schedule.none(g)).peak_bytes
     everything = sum(2 * 2 * math.ceil(p.rows / 2) * 4 for ps in groups.values() for p in ps)
     assert r.param_bytes < simulate(r, Schedule.none(r)).peak_bytes < one + everything
+
+
+def _engine_allocs(g: CostGraph, r: CostGraph) -> Counter:
+    """The sizes of the backward allocations ``per_rank`` added to ``g`` (ids not in it)."""
+    ours = {gid for st in g.bwd_steps for _, gid, _ in st.events}
+    return Counter(b for st in r.bwd_steps for kind, gid, b in st.events
+                   if kind == "a" and gid not in ours)
+
+
+@pytest.mark.parametrize("seed", [1, 4])
+def test_cpu_only_temporaries_are_gloos_alone(seed: int) -> None:
+    """Under NCCL backward allocates, per unit, the flat gather buffer, the gathered
+    parameters, the reduce-scatter's input and output (the root: its gathered parameters and
+    its reduce-scatter); gloo adds its collectives' scratch (two gather-size buffers per
+    gather, a copy of each reduce-scatter input, 8 and 4 bytes of scalars) and CPU
+    ``chunk_cat``'s padded copy of each gradient whose rows the world does not divide."""
+    g = _units_graph(seed)
+    groups = _groups(g)
+    world = 3
+
+    def shard(p: Param) -> int:
+        return math.ceil(p.rows / world) * p.row_numel * p.itemsize
+
+    want = Counter()
+    pads = Counter()
+    scratch = Counter()
+    for path, ps in groups.items():
+        gathered = world * sum(shard(p) for p in ps)
+        train = [p for p in ps if p.trainable]
+        want.update([gathered] * (2 if path else 1))  # (the root's is gathered in forward)
+        want.update([world * sum(shard(p) for p in train), sum(shard(p) for p in train)])
+        pads.update(world * shard(p) for p in train if p.rows % world)
+        scratch.update([gathered] * (2 if path else 0)
+                       + [world * sum(shard(p) for p in train), 8, 4])
+    assert pads, "the graph should have rows three does not divide"
+    nccl = _engine_allocs(g, per_rank(g, FSDP2(world, "nccl"), groups))
+    gloo = _engine_allocs(g, per_rank(g, FSDP2(world, "gloo"), groups))
+    def made(c: Counter) -> Counter:
+        return Counter({b: n for b, n in c.items() if b})  # (nothing is allocated of 0 bytes)
+
+    assert nccl == made(want)
+    assert gloo == made(want + pads + scratch)
 
 
 def test_ddp_adds_its_buckets_to_every_moment() -> None:
