@@ -27,13 +27,14 @@ transformers = pytest.importorskip("transformers")
 BUDGETS = ("100%", "80%", "65%")
 MODELS = ("gpt", "llama")
 #: DDP; FSDP2 on each unit, then the root; FSDP2 at the root only, of a whole-graph plan;
-#: FSDP2 per unit with AdamW's state held through the step (planned with it)
-WRAPS = ("ddp", "fsdp2", "fsdp2_root", "fsdp2+adamw")
+#: FSDP2 per unit with AdamW's state held through the step (planned with it); FSDP2 per unit
+#: with ``reshard_after_forward=False`` (planned with it)
+WRAPS = ("ddp", "fsdp2", "fsdp2_root", "fsdp2+adamw", "fsdp2_keep")
 CASES = [(name, how) for name in MODELS for how in WRAPS
          if not (how == "fsdp2_root" and name == "llama")]  # (HF: units by default)
 #: what the fast suite runs on 2 ranks (the slow one: every case and budget, on 2 and 4 ranks)
 FAST = {("gpt", "ddp", "80%"), ("gpt", "fsdp2", "65%"), ("llama", "fsdp2", "80%"),
-        ("llama", "fsdp2+adamw", "65%")}
+        ("llama", "fsdp2+adamw", "65%"), ("gpt", "fsdp2_keep", "65%")}
 
 
 def _build(name: str, rank: int) -> tuple[torch.nn.Module, Any, Any]:
@@ -60,6 +61,8 @@ def _build(name: str, rank: int) -> tuple[torch.nn.Module, Any, Any]:
 
 def _parallel(how: str, world: int) -> Any:
     # (the process group's size and backend)
+    if how == "fsdp2_keep":
+        return scheduler.parallel.FSDP2(world, "gloo", reshard_after_forward=False)
     return {"ddp": "ddp", "fsdp2+adamw": "fsdp2+adamw"}.get(how, "fsdp2")
 
 
@@ -70,11 +73,12 @@ def _worker(rank: int, world: int, only: set[tuple[str, str, str]] | None) -> di
         if not budgets:
             continue
         wrapper, adamw = ("ddp" if how == "ddp" else "fsdp2"), how.endswith("+adamw")
+        kw = {"reshard_after_forward": False} if how == "fsdp2_keep" else {}
         per_unit = how.startswith("fsdp2") and how != "fsdp2_root"
         # the reference: the same wrapping of the unplanned model
         model, inputs, call = _build(name, rank)
         units = scheduler.units.find_units(model, "auto").paths if per_unit else ()
-        ref, _ = wrapped_step(model, wrapper, units, call, inputs, adamw=adamw)
+        ref, _ = wrapped_step(model, wrapper, units, call, inputs, adamw=adamw, **kw)
         want = full_grads(ref)
         del model, ref
         for budget in budgets:
@@ -91,7 +95,7 @@ def _worker(rank: int, world: int, only: set[tuple[str, str, str]] | None) -> di
             with warnings.catch_warnings(record=True) as seen:
                 warnings.simplefilter("always")
                 wrapped, peak = wrapped_step(module, wrapper, paths, call, inputs,
-                                             adamw=adamw)
+                                             adamw=adamw, **kw)
             rank_warnings = [str(w.message) for w in seen if "not this rank's" in str(w.message)]
             got = full_grads(wrapped)
             diff = max((got[k] - w).abs().max().item() for k, w in want.items())
@@ -102,7 +106,8 @@ def _worker(rank: int, world: int, only: set[tuple[str, str, str]] | None) -> di
             del module, wrapped
             gc.collect()
     # a plan fully_shard-ed otherwise than it was solved for says so, once
-    for solved_for in (None, f"fsdp2:{2 * world}"):
+    keep = scheduler.parallel.FSDP2(world, "gloo", reshard_after_forward=False)
+    for solved_for in (None, f"fsdp2:{2 * world}", keep):
         model, inputs, call = _build("gpt", rank)
         plan = scheduler.solve(model, inputs, budget="100%", solver="none", repeats=1,
                                units="auto", parallel=solved_for)
@@ -110,8 +115,9 @@ def _worker(rank: int, world: int, only: set[tuple[str, str, str]] | None) -> di
             warnings.simplefilter("always")
             wrapped_step(plan.module, "fsdp2", plan.units.paths, call, inputs)
             call(plan.module).backward()
-        rec[("mismatch", solved_for and "other")] = [str(w.message) for w in seen
-                                         if "not this rank's" in str(w.message)]
+        key = "keep" if solved_for is keep else solved_for and "other"
+        rec[("mismatch", key)] = [str(w.message) for w in seen
+                                  if "not this rank's" in str(w.message)]
     return rec
 
 
@@ -161,3 +167,6 @@ def test_a_plan_sharded_otherwise_than_solved_for_says_so_once(
         world = len(ranks)
         assert len(other) == 1, other
         assert f"sharded over {world} ranks; the plan was solved for {2 * world}" in other[0]
+        keep = rec[("mismatch", "keep")]  # (solved for False, wrapped with the default)
+        assert len(keep) == 1 and "reshard_after_forward=True; the plan was solved for False" \
+            in keep[0], keep

@@ -81,17 +81,25 @@ class DDP:
 @dataclass(frozen=True)
 class FSDP2:
     """``fully_shard`` on each unit of the plan's module, then on the root, over ``world``
-    ranks (one shard group), with PyTorch's defaults: units reshard after forward, the root
-    does not, backward prefetches one unit, no mixed-precision policy (parameters gathered in
-    their own dtype). ``backend``: ``"gloo"`` counts the scratch buffers of gloo's CPU
-    collectives (an all-gather's output-size buffer, a reduce-scatter's copy of its input)
-    and of CPU ``chunk_cat`` (a padded copy of each gradient whose rows the world does not
-    divide); ``"nccl"`` allocates none of them through PyTorch. ``optimizer``: count that
-    optimizer's state, sharded like the parameters (see `DDP`)."""
+    ranks (one shard group), with no mixed-precision policy (parameters gathered in their own
+    dtype); backward prefetches one unit, as PyTorch does by default.
+
+    ``backend``: ``"gloo"`` counts the scratch buffers of gloo's CPU collectives (an
+    all-gather's output-size buffer, a reduce-scatter's copy of its input) and of CPU
+    ``chunk_cat`` (a padded copy of each gradient whose rows the world does not divide);
+    ``"nccl"`` allocates none of them through PyTorch. ``optimizer``: count that optimizer's
+    state, sharded like the parameters (see `DDP`).
+
+    ``reshard_after_forward``: what each unit is ``fully_shard``-ed with. True (FSDP2's
+    default): a unit frees its gathered parameters after its forward and gathers them again
+    in backward. False: they stay from the unit's forward to the end of its backward, and
+    backward gathers nothing. An integer (resharding to a smaller group after forward) is not
+    modelled. The root never reshards after forward (FSDP2's default for it)."""
 
     world: int
     backend: str = "nccl"
     optimizer: str | None = None
+    reshard_after_forward: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.world, bool) or not isinstance(self.world, int) or self.world < 1:
@@ -100,11 +108,17 @@ class FSDP2:
         if self.backend not in ("gloo", "nccl"):
             raise ParallelError(f"FSDP2(backend={self.backend!r}): 'nccl' (GPUs) or 'gloo' "
                                 "(CPU)")
+        if not isinstance(self.reshard_after_forward, bool):
+            raise ParallelError(
+                f"FSDP2(reshard_after_forward={self.reshard_after_forward!r}): only True "
+                "(FSDP2's default) and False are modelled, not an integer (resharding to a "
+                "smaller group): solve and wrap with True or False")
         check_optimizer("FSDP2", self.optimizer)
 
     def describe(self) -> str:
-        opt = f", {self.optimizer} state" if self.optimizer else ""
-        return f"FSDP2 over {self.world} ranks ({self.backend}{opt})"
+        opts = [self.backend, *([f"{self.optimizer} state"] if self.optimizer else []),
+                *([] if self.reshard_after_forward else ["reshard_after_forward=False"])]
+        return f"FSDP2 over {self.world} ranks ({', '.join(opts)})"
 
 
 Parallel = DDP | FSDP2

@@ -85,10 +85,12 @@ def fsdp2_rank(graph: CostGraph, cfg: FSDP2, groups: Mapping[str, Sequence[Param
                ) -> CostGraph:
     """FSDP2's memory on one rank, in the order measured on torch 2.13 (docs/distributed.md
     has it in words): shards always; in forward the root's gathered parameters throughout, a
-    unit's while it runs, and each gather's flat buffer until the next copy-out; in backward
-    the prefetch of the unit before, and at a unit's end its reshard, then the reduce-scatter
-    of its gradients (the previous one's input freed, its own kept until the next)."""
-    world, gloo = cfg.world, cfg.backend == "gloo"
+    unit's while it runs (``reshard_after_forward=False``: from then on), and each gather's
+    flat buffer until the next copy-out; in backward the gather of each unit again, with the
+    prefetch of the unit before (False: none), and at a unit's end its reshard, then the
+    reduce-scatter of its gradients (the previous one's input freed, its own kept until the
+    next)."""
+    world, gloo, reshard = cfg.world, cfg.backend == "gloo", cfg.reshard_after_forward
     calls = unit_calls(graph)
     paths = [p for p, _, _ in calls]
     if len(set(paths)) != len(paths) or set(paths) != set(groups) - {""}:
@@ -127,7 +129,7 @@ def fsdp2_rank(graph: CostGraph, cfg: FSDP2, groups: Mapping[str, Sequence[Param
         top = level
         if i == 0:
             gather(root)
-        if n.name in after:
+        if n.name in after and reshard:
             add(-g[after[n.name]].gathered)  # the unit before resharded after its forward
         if n.name in first:
             gather(g[first[n.name]])
@@ -197,16 +199,19 @@ def fsdp2_rank(graph: CostGraph, cfg: FSDP2, groups: Mapping[str, Sequence[Param
         steps[i] = dataclasses.replace(steps[i], events=(
             (*events, *old) if front else (*old, *events)))
 
-    held[""] = ev.alloc(root.gathered)  # (forward's last node dropped the engine's bytes)
-    if paths:
+    # (forward's last node dropped the engine's bytes: what is gathered when backward starts)
+    for path in ("", *([] if reshard else paths)):
+        held[path] = ev.alloc(g[path].gathered)
+    if paths and reshard:
         prefetched[paths[-1]] = all_gather(paths[-1])
     append(0, ev.take(), front=True)
     for k in range(len(paths) - 1, -1, -1):
         path = paths[k]
-        unshard(path)
-        if k:
-            prefetched[paths[k - 1]] = all_gather(paths[k - 1])
-        append(mine[path][0] - 1, ev.take())
+        if reshard:
+            unshard(path)
+            if k:
+                prefetched[paths[k - 1]] = all_gather(paths[k - 1])
+            append(mine[path][0] - 1, ev.take())
         post_backward(path)
         append(mine[path][-1], ev.take())
     post_backward("")

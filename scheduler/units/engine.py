@@ -3,7 +3,7 @@
 A plan's budget is per rank only for the wrapping it was solved for (`parallel`): solved for
 one device (or DDP) and then ``fully_shard``-ed, or solved for FSDP2 and wrapped otherwise
 (another world size, units left unsharded, a ``MixedPrecisionPolicy`` or
-``reshard_after_forward`` that `parallel.per_rank` does not model), its peak is not what was
+``reshard_after_forward`` other than solved for), its peak is not what was
 predicted. `EngineCheck`, a forward pre-hook of the planned module, says so once, at the first
 training call under ``fully_shard``: the plan still computes the model's values, but its
 memory is another's.
@@ -63,6 +63,7 @@ def engine_mismatch(root: nn.Module, paths: tuple[str, ...], solved_for: str | N
         return (f"plan.module is sharded by fully_shard, but the plan was solved for "
                 f"{solved_for or 'one device'} (solve with parallel='fsdp2')")
     world = int(re.search(r"over (\d+) ranks", solved_for).group(1))
+    reshard = "reshard_after_forward=False" not in solved_for
     unsharded = [p for p, m in mods[:-1] if not isinstance(m, fsdp)]
     if unsharded or not isinstance(root, fsdp):
         return (f"the plan was solved for fully_shard on each unit and then the root, but "
@@ -81,7 +82,9 @@ def engine_mismatch(root: nn.Module, paths: tuple[str, ...], solved_for: str | N
         if group.mesh_info.shard_mesh_size != world:
             return (f"{where} is sharded over {group.mesh_info.shard_mesh_size} ranks; the "
                     f"plan was solved for {world}")
-        if path and group.post_forward_mesh_info is not group.mesh_info:
-            return (f"{where} does not reshard after forward as the plan predicts "
-                    "(reshard_after_forward=True, FSDP2's default for a unit)")
+        after = group.post_forward_mesh_info
+        wrapped = True if after is group.mesh_info else False if after is None else "an integer"
+        if path and wrapped != reshard:
+            return (f"{where} is fully_shard-ed with reshard_after_forward={wrapped}; the plan "
+                    f"was solved for {reshard} (FSDP2(..., reshard_after_forward=...))")
     return None

@@ -51,7 +51,8 @@ def _groups(g: CostGraph) -> dict[str, tuple[Param, ...]]:
     return {k: tuple(v) for k, v in groups.items()}
 
 
-ENGINES = [DDP(), DDP(gradient_as_bucket_view=True), FSDP2(2, "gloo"), FSDP2(3)]
+ENGINES = [DDP(), DDP(gradient_as_bucket_view=True), FSDP2(2, "gloo"), FSDP2(3),
+           FSDP2(2, "gloo", reshard_after_forward=False), FSDP2(3, reshard_after_forward=False)]
 
 
 @pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.describe())
@@ -102,6 +103,41 @@ def test_fsdp2_shards_what_lives_and_adds_what_runs() -> None:
     one = simulate(g, Schedule.none(g)).peak_bytes
     everything = sum(2 * 2 * math.ceil(p.rows / 2) * 4 for ps in groups.values() for p in ps)
     assert r.param_bytes < simulate(r, Schedule.none(r)).peak_bytes < one + everything
+
+
+def test_fsdp2_without_reshard_keeps_every_unit_gathered_until_its_backward() -> None:
+    """``reshard_after_forward=False``, against hand arithmetic: while unit k runs forward
+    the root and units 0..k are gathered, with k's flat buffer; backward gathers nothing,
+    allocating only the reduce-scatters (the resharding's bytes are freed, not allocated)."""
+    g = _units_graph(4)
+    groups = _groups(g)
+    r = per_rank(g, FSDP2(2, reshard_after_forward=False), groups)
+
+    def gathered(path: str) -> int:
+        return 2 * sum(math.ceil(p.rows / 2) * 4 for p in groups[path])
+
+    calls = unit_calls(g)
+    assert len(calls) >= 2
+    for k, (path, a, _) in enumerate(calls):
+        before = sum(gathered(p) for p, _, _ in calls[:k])
+        held = gathered("") + before + 2 * gathered(path)
+        assert r.engine_bytes[g.compute_nodes[a]][0] == held
+    last = g.compute_nodes[-1]
+    every = sum(gathered(p) for p in groups)
+    assert r.engine_bytes[last][0] == every + gathered(calls[-1][0])  # (+ the last flat)
+    ours = {gid for st in g.bwd_steps for _, gid, _ in st.events}
+    allocs = Counter(b for st in r.bwd_steps for kind, gid, b in st.events
+                     if kind == "a" and gid not in ours)
+    want = Counter(b for path, ps in groups.items() for b in (
+        gathered(path), 2 * sum(math.ceil(p.rows / 2) * 4 for p in ps if p.trainable),
+        sum(math.ceil(p.rows / 2) * 4 for p in ps if p.trainable)))
+    assert allocs == Counter({b: n for b, n in want.items() if b})
+
+
+@pytest.mark.parametrize("value", [2, None, "false"])
+def test_fsdp2_reshard_after_forward_is_true_or_false(value: object) -> None:
+    with pytest.raises(ParallelError, match=f"reshard_after_forward={value!r}.*True or False"):
+        FSDP2(4, reshard_after_forward=value)
 
 
 def _engine_allocs(g: CostGraph, r: CostGraph) -> Counter:
