@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DDP", "FSDP2", "OPTIMIZER_STATES", "Param", "ParallelError",
+__all__ = ["DDP", "DTYPE_BYTES", "FSDP2", "OPTIMIZER_STATES", "Param", "ParallelError",
            "Parallel", "check_optimizer", "optimizer_bytes", "parse_parallel"]
 
 
@@ -40,6 +40,12 @@ class Param:
 #: optimizers whose state ``optimizer=`` counts, per trainable parameter: tensors like it, and
 #: bytes of scalars (Adam's ``step``, float32)
 OPTIMIZER_STATES = {"adamw": (2, 4), "adam": (2, 4), "sgd-momentum": (1, 0), "sgd": (0, 0)}
+
+#: the floating dtypes `FSDP2`'s ``param_dtype`` and ``reduce_dtype`` take, by the names
+#: ``torch`` gives them (``str(torch.bfloat16)`` less ``"torch."``), and their bytes
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
+               "float64": 8, "double": 8}
+
 
 def check_optimizer(cls: str, optimizer: str | None) -> None:
     """Raise `ParallelError` unless ``optimizer`` is None or one of `OPTIMIZER_STATES`."""
@@ -78,11 +84,21 @@ class DDP:
         return f"DDP (gradient_as_bucket_view={self.gradient_as_bucket_view}{opt})"
 
 
+def _dtype_name(field: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    name = str(value).removeprefix("torch.")
+    if name not in DTYPE_BYTES:
+        raise ParallelError(f"FSDP2({field}={value!r}): a floating dtype, torch.bfloat16 or "
+                            f"its name ({', '.join(DTYPE_BYTES)}), or None for the "
+                            "parameters' own")
+    return {"float": "float32", "half": "float16", "double": "float64"}.get(name, name)
+
+
 @dataclass(frozen=True)
 class FSDP2:
     """``fully_shard`` on each unit of the plan's module, then on the root, over ``world``
-    ranks (one shard group), with no mixed-precision policy (parameters gathered in their own
-    dtype); backward prefetches one unit, as PyTorch does by default.
+    ranks (one shard group); backward prefetches one unit, as PyTorch does by default.
 
     ``backend``: ``"gloo"`` counts the scratch buffers of gloo's CPU collectives (an
     all-gather's output-size buffer, a reduce-scatter's copy of its input) and of CPU
@@ -94,12 +110,20 @@ class FSDP2:
     default): a unit frees its gathered parameters after its forward and gathers them again
     in backward. False: they stay from the unit's forward to the end of its backward, and
     backward gathers nothing. An integer (resharding to a smaller group after forward) is not
-    modelled. The root never reshards after forward (FSDP2's default for it)."""
+    modelled. The root never reshards after forward (FSDP2's default for it).
+
+    ``param_dtype``, ``reduce_dtype``: the ``MixedPrecisionPolicy`` of every unit and of the
+    root (a ``torch`` dtype or its name, ``"bfloat16"``; None: no policy, the parameters'
+    own dtype). The parameters gather in ``param_dtype`` and their gradients reduce in
+    ``reduce_dtype``; the shards and the sharded gradients keep the parameters' dtype.
+    `scheduler.solve` then profiles a copy of the model cast to ``param_dtype``."""
 
     world: int
     backend: str = "nccl"
     optimizer: str | None = None
     reshard_after_forward: bool = True
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.world, bool) or not isinstance(self.world, int) or self.world < 1:
@@ -114,10 +138,15 @@ class FSDP2:
                 "(FSDP2's default) and False are modelled, not an integer (resharding to a "
                 "smaller group): solve and wrap with True or False")
         check_optimizer("FSDP2", self.optimizer)
+        object.__setattr__(self, "param_dtype", _dtype_name("param_dtype", self.param_dtype))
+        object.__setattr__(self, "reduce_dtype",
+                           _dtype_name("reduce_dtype", self.reduce_dtype))
 
     def describe(self) -> str:
         opts = [self.backend, *([f"{self.optimizer} state"] if self.optimizer else []),
-                *([] if self.reshard_after_forward else ["reshard_after_forward=False"])]
+                *([] if self.reshard_after_forward else ["reshard_after_forward=False"]),
+                *([f"param_dtype={self.param_dtype}"] if self.param_dtype else []),
+                *([f"reduce_dtype={self.reduce_dtype}"] if self.reduce_dtype else [])]
         return f"FSDP2 over {self.world} ranks ({', '.join(opts)})"
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..ir.graph import CostGraph
 from ..ir.replays import unit_calls
-from .engines import FSDP2, Param, ParallelError, optimizer_bytes
+from .engines import DTYPE_BYTES, FSDP2, Param, ParallelError, optimizer_bytes
 
 __all__ = ["fsdp2_rank", "persistent_grads"]
 
@@ -33,23 +33,46 @@ class _Group:
 
     gathered: int  # the all-gather's output, and the unsharded parameters copied out of it
     sharded: int  # this rank's padded shards
+    copy_in: int  # the all-gather's input cast to param_dtype (none without a policy)
     reduce_in: int  # the reduce-scatter's input: every trainable parameter's padded gradient
     reduce_out: int  # its output, which becomes the sharded gradients
+    grads: int  # the sharded gradients (reduce_out cast to the parameters' dtype, if not in it)
     #: CPU (gloo) only: ``chunk_cat``'s padded copy of each trainable parameter's gradient
-    #: whose rows the world does not divide
+    #: whose rows the world does not divide, then (reducing in another dtype) its cast copies
     pads: tuple[int, ...]
+    casts: tuple[int, ...]
+    grad_bytes: int  # the unsharded gradients (in param_dtype)
     last_grad: int  # the last trainable parameter's gradient (kept until the reduce returns)
 
 
-def _group(params: Sequence[Param], world: int, gloo: bool) -> _Group:
+def _group(params: Sequence[Param], world: int, cfg: FSDP2) -> _Group:
     train = [p for p in params if p.trainable]
-    sharded = sum(p.shard_bytes(world) for p in params)
-    reduce_out = sum(p.shard_bytes(world) for p in train)
-    return _Group(gathered=world * sharded, sharded=sharded, reduce_in=world * reduce_out,
-                  reduce_out=reduce_out,
-                  pads=tuple(world * p.shard_bytes(world) for p in train if p.rows % world)
-                  if gloo else (),
-                  last_grad=train[-1].bytes if train else 0)
+    gloo = cfg.backend == "gloo"
+    c = DTYPE_BYTES[cfg.param_dtype] if cfg.param_dtype else 0
+
+    def gathered(p: Param) -> int:  # (bytes per element in param_dtype)
+        return p.shard_bytes(world) // p.itemsize * (c or p.itemsize)
+
+    def reduced(p: Param) -> int:  # (a reduce_dtype equal to param_dtype is none, as FSDP2's)
+        if cfg.reduce_dtype and cfg.reduce_dtype != cfg.param_dtype:
+            return p.shard_bytes(world) // p.itemsize * DTYPE_BYTES[cfg.reduce_dtype]
+        return gathered(p)
+
+    cast = c and any(c != p.itemsize for p in params)
+    reduce_out = sum(reduced(p) for p in train)
+    grads = sum(p.shard_bytes(world) for p in train)
+    return _Group(
+        gathered=world * sum(gathered(p) for p in params),
+        sharded=sum(p.shard_bytes(world) for p in params),
+        copy_in=sum(gathered(p) for p in params) if cast else 0,
+        reduce_in=world * reduce_out, reduce_out=reduce_out,
+        grads=grads if any(reduced(p) != p.shard_bytes(world) for p in train) else 0,
+        pads=tuple(world * gathered(p) for p in train if p.rows % world) if gloo else (),
+        casts=tuple(world * gathered(p) for p in train if reduced(p) != gathered(p))
+        if gloo else (),
+        grad_bytes=sum(p.bytes // p.itemsize * (c or p.itemsize) for p in train),
+        last_grad=train[-1].bytes // train[-1].itemsize * (c or train[-1].itemsize)
+        if train else 0)
 
 
 class _Events:
@@ -97,7 +120,7 @@ def fsdp2_rank(graph: CostGraph, cfg: FSDP2, groups: Mapping[str, Sequence[Param
         raise ParallelError(
             f"FSDP2 per unit needs each unit called once in the step and its parameters: "
             f"units {sorted(set(paths))}, parameter groups {sorted(set(groups) - {''})}")
-    g = {path: _group(ps, world, gloo) for path, ps in groups.items()}
+    g = {path: _group(ps, world, cfg) for path, ps in groups.items()}
     root = g[""]
     names = graph.compute_nodes
     unit_of = {names[i]: path for path, a, b in calls for i in range(a, b)}
@@ -117,10 +140,12 @@ def fsdp2_rank(graph: CostGraph, cfg: FSDP2, groups: Mapping[str, Sequence[Param
 
     def gather(grp: _Group) -> None:
         nonlocal deferred
+        add(grp.copy_in)
         add(grp.gathered)  # the flat output
         if gloo:
             add(grp.gathered)
             add(-grp.gathered)
+        add(-grp.copy_in)
         add(grp.gathered)  # the parameters copied out
         add(-deferred)
         deferred = grp.gathered
@@ -146,7 +171,7 @@ def fsdp2_rank(graph: CostGraph, cfg: FSDP2, groups: Mapping[str, Sequence[Param
     for gid, (i, b) in grads.items():
         unit_grads[unit_of.get(steps[i].node, "")].append((gid, b))
     for path in paths:
-        want = sum(p.bytes for p in groups[path] if p.trainable)
+        want = g[path].grad_bytes
         got = sum(b for _, b in unit_grads[path])
         if got != want or not mine[path]:
             raise ParallelError(
@@ -160,10 +185,12 @@ def fsdp2_rank(graph: CostGraph, cfg: FSDP2, groups: Mapping[str, Sequence[Param
     pending_reduce: list[int] = []
 
     def all_gather(path: str) -> int:
+        copy_in = ev.alloc(g[path].copy_in)
         flat = ev.alloc(g[path].gathered)
         if gloo:
             ev.scratch(g[path].gathered)
             ev.scratch(g[path].gathered)
+        ev.free(copy_in)
         return flat
 
     def unshard(path: str) -> None:
@@ -180,17 +207,22 @@ def fsdp2_rank(graph: CostGraph, cfg: FSDP2, groups: Mapping[str, Sequence[Param
             ev.free(rid)
         pending_reduce[:] = [ev.alloc(grp.reduce_in)]
         pads = [ev.alloc(b) for b in grp.pads]
+        for b in grp.casts:
+            ev.scratch(b)
         for pid in pads:
             ev.free(pid)
         ours = sorted(unit_grads[path], key=lambda t: t[1] != grp.last_grad)
         for gid, _ in ours[1:]:
             ev.free(gid)
-        ev.alloc(grp.reduce_out)
+        out = ev.alloc(grp.reduce_out)
         if gloo:  # (a copy of the input, then the average's scalars)
             ev.scratch(grp.reduce_in)
             scalars = [ev.alloc(8), ev.alloc(4)]
             for sid in scalars:
                 ev.free(sid)
+        if grp.grads:  # (cast to the parameters' dtype)
+            ev.alloc(grp.grads)
+            ev.free(out)
         if ours:
             ev.free(ours[0][0])
 
@@ -222,4 +254,4 @@ def fsdp2_rank(graph: CostGraph, cfg: FSDP2, groups: Mapping[str, Sequence[Param
     sharded += optimizer_bytes(cfg.optimizer, groups, lambda p: p.shard_bytes(world))
     return dataclasses.replace(
         graph, param_bytes=sharded, engine_bytes=engine, bwd_steps=steps,
-        grad_bytes=sum(grp.reduce_out for grp in g.values()))
+        grad_bytes=sum(grp.grads or grp.reduce_out for grp in g.values()))

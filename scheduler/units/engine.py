@@ -47,6 +47,10 @@ class EngineCheck:
                           stacklevel=2)
 
 
+def _name(dtype: torch.dtype | None) -> str | None:
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
 def engine_mismatch(root: nn.Module, paths: tuple[str, ...], solved_for: str | None
                     ) -> str | None:
     """Why ``root``'s FSDP2 wrapping (of it and of its units at ``paths``) is not the one
@@ -64,6 +68,10 @@ def engine_mismatch(root: nn.Module, paths: tuple[str, ...], solved_for: str | N
                 f"{solved_for or 'one device'} (solve with parallel='fsdp2')")
     world = int(re.search(r"over (\d+) ranks", solved_for).group(1))
     reshard = "reshard_after_forward=False" not in solved_for
+    solved_policy = tuple(m.group(1) if (m := re.search(rf"{k}=(\w+)", solved_for)) else None
+                          for k in ("param_dtype", "reduce_dtype"))
+    if solved_policy[1] == solved_policy[0]:
+        solved_policy = (solved_policy[0], None)
     unsharded = [p for p, m in mods[:-1] if not isinstance(m, fsdp)]
     if unsharded or not isinstance(root, fsdp):
         return (f"the plan was solved for fully_shard on each unit and then the root, but "
@@ -76,9 +84,14 @@ def engine_mismatch(root: nn.Module, paths: tuple[str, ...], solved_for: str | N
         if group is None:
             continue
         where = repr(path) if path else "the root"
-        policy = group.mp_policy
-        if policy.param_dtype is not None or policy.reduce_dtype is not None:
-            return f"{where} has a MixedPrecisionPolicy, which the plan does not model"
+        policy = (_name(group.mp_policy.param_dtype), _name(group.mp_policy.reduce_dtype))
+        if policy[1] == policy[0]:  # (FSDP2 reduces in param_dtype then)
+            policy = (policy[0], None)
+        if policy != solved_policy:
+            return (f"{where} has MixedPrecisionPolicy(param_dtype={policy[0]}, reduce_dtype="
+                    f"{policy[1]}); the plan was solved for param_dtype={solved_policy[0]}, "
+                    f"reduce_dtype={solved_policy[1]} (FSDP2(..., param_dtype=..., "
+                    "reduce_dtype=...))")
         if group.mesh_info.shard_mesh_size != world:
             return (f"{where} is sharded over {group.mesh_info.shard_mesh_size} ranks; the "
                     f"plan was solved for {world}")
