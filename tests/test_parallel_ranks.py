@@ -46,8 +46,7 @@ CASES = [(name, how) for name in MODELS for how in WRAPS
          if not (how == "fsdp2_root" and name == "llama")]  # (HF: units by default)
 #: what the fast suite runs on 2 ranks (the slow one: every case and budget, on 2 and 4 ranks)
 FAST = {("gpt", "ddp", "80%"), ("gpt", "fsdp2", "65%"), ("llama", "fsdp2", "80%"),
-        ("llama", "fsdp2+adamw", "65%"), ("gpt", "fsdp2_keep", "65%"),
-        ("gpt", "fsdp2_mp", "65%")}
+        ("llama", "fsdp2+adamw", "65%"), ("gpt", "fsdp2_mp", "65%")}
 
 
 def _build(name: str, rank: int) -> tuple[torch.nn.Module, Any, Any]:
