@@ -42,9 +42,11 @@ MODELS = ("gpt", "llama")
 #: with ``reshard_after_forward=False`` (planned with it); FSDP2 per unit with
 #: ``MixedPrecisionPolicy(bfloat16, float32)`` (planned with it)
 WRAPS = ("ddp", "fsdp2", "fsdp2_root", "fsdp2+adamw", "fsdp2_keep", "fsdp2_mp")
-#: (not Llama at the root: HF plans with units by default; nor Llama without resharding: on 2
-#: ranks it measured 1 040 bytes over its prediction at 100% and 65%, over the budget at
-#: 100%, which has no headroom, and exactly at 80%; not root-caused, see docs/distributed.md)
+#: (not Llama at the root: HF plans with units by default; nor Llama without resharding, whose
+#: peak moves into the loss, where it measured 1 040 bytes over its prediction at 100% and 65%,
+#: over the 100% budget, which has no headroom: HF's ForCausalLMLoss keeps its padded labels
+#: (2 x 65 int64) in a Python local through log_softmax, which the profile frees after their
+#: last use; not FSDP2's, see docs/distributed.md)
 CASES = [(name, how) for name in MODELS for how in WRAPS
          if not (name == "llama" and how in ("fsdp2_root", "fsdp2_keep"))]
 #: what the fast suite runs on 2 ranks (the slow one: every case and budget, on 2 and 4 ranks)
