@@ -384,8 +384,10 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
            and "parallel" not in graph.meta else None)
     module = planned_module(gm, graph, result.schedule, model, inputs, why=choice.why,
                             on_fallback=on_fallback)
-    if choice.paths and graph.meta.get("profile", {}).get("mode") != "fake":
-        warm_up(module, inputs)  # (it ran for real: its units trace now, for compile)
+    if (choice.paths and graph.meta.get("profile", {}).get("mode") != "fake"
+            and "param_dtype=" not in graph.meta.get("parallel", "")):
+        warm_up(module, inputs)  # (units trace now, for compile; under a MixedPrecisionPolicy
+        # they run in another dtype than the module's: they trace at the first call)
     return Plan(module=module, units=choice,
                 schedule=result.schedule,
                 estimate=result.estimate, status=result.status, gap=result.gap,

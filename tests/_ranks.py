@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -88,12 +89,14 @@ class _Tracker(StorageTracker):
 
 
 def wrapped_step(module: nn.Module, how: str, units: tuple[str, ...], call: Callable[
-        [nn.Module], torch.Tensor], inputs: Any, *, adamw: bool = False, **kw: Any
-                 ) -> tuple[nn.Module, int]:
+        [nn.Module], torch.Tensor], inputs: Any, *, adamw: bool = False, warm: bool = False,
+                 **kw: Any) -> tuple[nn.Module, int]:
     """Wrap ``module`` (`wrap`) and run one training step ``call(wrapped).backward()`` with
     gradients at None; returns the wrapped module and this rank's measured peak bytes. With
     ``adamw``, a step and an ``AdamW`` step first (not measured): its state is then held
-    through the measured step."""
+    through the measured step. With ``warm``, a step first (not measured): a plan's units
+    that trace at their first call (under a ``MixedPrecisionPolicy``) trace then, not under
+    the tracker."""
     tracker = _Tracker()
     for t in [*module.parameters(), *module.buffers(),
               *[x for x in torch.utils._pytree.tree_leaves(inputs) if isinstance(x, torch.Tensor)]]:
@@ -107,14 +110,45 @@ def wrapped_step(module: nn.Module, how: str, units: tuple[str, ...], call: Call
         call(wrapped).backward()
         opt.step()
         state = [t for st in opt.state.values() for t in st.values()]
+    elif warm:
+        call(wrapped).backward()
     for t in [*wrapped.parameters(), *wrapped.buffers(), *(state if adamw else ())]:
         tracker.register(_local(t))  # (FSDP2's shards, the optimizer's state)
     for p in wrapped.parameters():
         p.grad = None
     tracker.reset_peak()
-    with tracker, _resizes_seen(tracker):
+    with tracker, _resizes_seen(tracker), _settled():
         call(wrapped).backward()
     return wrapped, tracker.peak_bytes
+
+
+@contextlib.contextmanager
+def _settled() -> Iterator[None]:
+    """FSDP2's collectives run to completion on this thread: gloo's work object holds the
+    collective's tensors, and when its worker thread happens to drop it last, their frees
+    come late (the measured peak then holds one more buffer, in about one run of three).
+    Each is run asynchronously, waited for, given 3 ms for the worker to let go, and dropped
+    here."""
+    saved = {name: getattr(dist, name) for name in ("all_gather_single",
+                                                   "reduce_scatter_single")}
+
+    def settled(fn: Callable[..., Any]) -> Callable[..., None]:
+        def run(*args: Any, **kwargs: Any) -> None:
+            kwargs["async_op"] = True
+            work = fn(*args, **kwargs)
+            if work is not None:
+                work.wait()
+            time.sleep(0.003)
+            del work
+        return run
+
+    for name, fn in saved.items():
+        setattr(dist, name, settled(fn))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
 
 
 @contextlib.contextmanager

@@ -3,7 +3,7 @@
 A plan's budget is per rank only for the wrapping it was solved for (`parallel`): solved for
 one device (or DDP) and then ``fully_shard``-ed, or solved for FSDP2 and wrapped otherwise
 (another world size, units left unsharded, a ``MixedPrecisionPolicy`` or
-``reshard_after_forward`` that `parallel.per_rank` does not model), its peak is not what was
+``reshard_after_forward`` other than solved for), its peak is not what was
 predicted. `EngineCheck`, a forward pre-hook of the planned module, says so once, at the first
 training call under ``fully_shard``: the plan still computes the model's values, but its
 memory is another's.
@@ -47,6 +47,10 @@ class EngineCheck:
                           stacklevel=2)
 
 
+def _name(dtype: torch.dtype | None) -> str | None:
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
 def engine_mismatch(root: nn.Module, paths: tuple[str, ...], solved_for: str | None
                     ) -> str | None:
     """Why ``root``'s FSDP2 wrapping (of it and of its units at ``paths``) is not the one
@@ -63,6 +67,11 @@ def engine_mismatch(root: nn.Module, paths: tuple[str, ...], solved_for: str | N
         return (f"plan.module is sharded by fully_shard, but the plan was solved for "
                 f"{solved_for or 'one device'} (solve with parallel='fsdp2')")
     world = int(re.search(r"over (\d+) ranks", solved_for).group(1))
+    reshard = "reshard_after_forward=False" not in solved_for
+    solved_policy = tuple(m.group(1) if (m := re.search(rf"{k}=(\w+)", solved_for)) else None
+                          for k in ("param_dtype", "reduce_dtype"))
+    if solved_policy[1] == solved_policy[0]:
+        solved_policy = (solved_policy[0], None)
     unsharded = [p for p, m in mods[:-1] if not isinstance(m, fsdp)]
     if unsharded or not isinstance(root, fsdp):
         return (f"the plan was solved for fully_shard on each unit and then the root, but "
@@ -75,13 +84,20 @@ def engine_mismatch(root: nn.Module, paths: tuple[str, ...], solved_for: str | N
         if group is None:
             continue
         where = repr(path) if path else "the root"
-        policy = group.mp_policy
-        if policy.param_dtype is not None or policy.reduce_dtype is not None:
-            return f"{where} has a MixedPrecisionPolicy, which the plan does not model"
+        policy = (_name(group.mp_policy.param_dtype), _name(group.mp_policy.reduce_dtype))
+        if policy[1] == policy[0]:  # (FSDP2 reduces in param_dtype then)
+            policy = (policy[0], None)
+        if policy != solved_policy:
+            return (f"{where} has MixedPrecisionPolicy(param_dtype={policy[0]}, reduce_dtype="
+                    f"{policy[1]}); the plan was solved for param_dtype={solved_policy[0]}, "
+                    f"reduce_dtype={solved_policy[1]} (FSDP2(..., param_dtype=..., "
+                    "reduce_dtype=...))")
         if group.mesh_info.shard_mesh_size != world:
             return (f"{where} is sharded over {group.mesh_info.shard_mesh_size} ranks; the "
                     f"plan was solved for {world}")
-        if path and group.post_forward_mesh_info is not group.mesh_info:
-            return (f"{where} does not reshard after forward as the plan predicts "
-                    "(reshard_after_forward=True, FSDP2's default for a unit)")
+        after = group.post_forward_mesh_info
+        wrapped = True if after is group.mesh_info else False if after is None else "an integer"
+        if path and wrapped != reshard:
+            return (f"{where} is fully_shard-ed with reshard_after_forward={wrapped}; the plan "
+                    f"was solved for {reshard} (FSDP2(..., reshard_after_forward=...))")
     return None

@@ -6,19 +6,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+from copy import deepcopy
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.fx as fx
 import torch.nn as nn
+import torch.utils._pytree as pytree
 
 from ..capture.eager_choices import eager_choices
 from ..capture.profile import profile_step
 from ..capture.trace import preserved_state
 from ..capture.usercode import within_units
 from ..distributed import param_groups, process_group
-from ..parallel import FSDP2, parse_parallel, per_rank
+from ..parallel import FSDP2, ParallelError, parse_parallel, per_rank
 from ..ir.graph import CostGraph
 from ..ir.replays import unit_calls
 from .find import UnitChoice, find_units
@@ -26,8 +28,8 @@ from ..ir.schedule import Schedule
 from ..rewrite import rewrite
 from .runtime import rewrite_units, units_plan
 
-__all__ = ["called_once", "gives_positions", "planned_module", "profile_units", "warm_up",
-           "without_cache"]
+__all__ = ["called_once", "gives_positions", "in_param_dtype", "planned_module", "profile_units",
+           "warm_up", "without_cache"]
 
 
 def gives_positions(model: nn.Module, example_inputs: Any) -> bool:
@@ -85,23 +87,63 @@ def profile_units(model: nn.Module, example_inputs: Any, units: Any, *, parallel
     ``units`` (`find.find_units`): with units, the eager step (`capture.eager_choices`,
     `without_cache`) and the graph's ``units`` set to those called once (`called_once`).
     With ``parallel`` (`parallel.parse_parallel`: ``"ddp"``, ``"fsdp2"``, ...), the graph is
-    one rank's (`parallel.per_rank`), and FSDP2 plans with units by default.
+    one rank's (`parallel.per_rank`), and FSDP2 plans with units by default; with an FSDP2
+    ``param_dtype``, the step profiled is a copy's in that dtype (`in_param_dtype`), the
+    parameters' shards keep the model's dtype.
     Returns the traced step, the graph, the positional inputs and the units chosen."""
     engine = parse_parallel(parallel, *process_group())
     units = "auto" if isinstance(engine, FSDP2) and units == "default" else units
     choice = find_units(model, units)
     unpacked = not gives_positions(model, example_inputs)
+    given = without_cache(model, example_inputs) if choice.paths else example_inputs
+    dtype = getattr(engine, "param_dtype", None)
+    run, originals = model, {}
+    if dtype is not None:  # (as FSDP2's MixedPrecisionPolicy runs the step)
+        if not choice.paths:
+            raise ParallelError(
+                f"{engine.describe()} is modelled for a plan with units (each one "
+                f"fully_shard-ed), not for a whole-graph plan (units={units!r}): solve with "
+                "units='auto', or without param_dtype for the model cast to the dtype it runs in")
+        run, given, originals = in_param_dtype(model, given, getattr(torch, dtype))
+        if kwargs.get("small_inputs") is not None:
+            kwargs["small_inputs"] = [in_param_dtype(None, x, getattr(torch, dtype))[1]
+                                      for x in kwargs["small_inputs"]]
     with (eager_choices(unpacked=unpacked) if choice.paths else contextlib.nullcontext(),
           within_units(choice.paths)):
-        gm, graph, inputs = profile_step(
-            model, without_cache(model, example_inputs) if choice.paths else example_inputs,
-            **kwargs)
+        gm, graph, inputs = profile_step(run, given, **kwargs)
+    inputs = pytree.tree_map(lambda x: originals.get(id(x), x), inputs)
     choice = called_once(graph, choice)
     if choice.paths:
         graph = dataclasses.replace(graph, units=choice.paths)
     if engine is not None:
         graph = per_rank(graph, engine, param_groups(model, choice.paths))
     return gm, graph, inputs, choice
+
+
+def in_param_dtype(model: nn.Module | None, example_inputs: Any, dtype: torch.dtype
+                   ) -> tuple[nn.Module | None, Any, dict[int, torch.Tensor]]:
+    """A copy of ``model`` whose floating parameters are ``dtype`` (buffers as they are) and
+    the inputs with their floating tensors cast to it, as ``fully_shard`` with
+    ``MixedPrecisionPolicy(param_dtype=dtype)`` runs the step (the root's pre-forward casts
+    the inputs); and ``{id(cast input): the input}``. ``model`` is not changed."""
+    originals: dict[int, torch.Tensor] = {}
+
+    def cast(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
+            y = x.to(dtype)
+            originals[id(y)] = x
+            return y
+        return x
+
+    inputs = pytree.tree_map(cast, example_inputs)
+    if model is None:
+        return None, inputs, originals
+    copy = deepcopy(model)
+    with torch.no_grad():
+        for p in copy.parameters():
+            if p.is_floating_point():
+                p.data = p.data.to(dtype)
+    return copy, inputs, originals
 
 
 def warm_up(module: nn.Module, inputs: tuple[Any, ...]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 
 import pytest
 import torch
@@ -29,10 +30,11 @@ def _units_graph(seed: int) -> CostGraph:
         g, units=tuple(sorted({n.module_path for n in g.nodes if n.module_path})))
 
 
-def _groups(g: CostGraph) -> dict[str, tuple[Param, ...]]:
+def _groups(g: CostGraph, grad_itemsize: int = 4) -> dict[str, tuple[Param, ...]]:
     """Parameters for a synthetic graph: each gradient backward leaves is one parameter of
-    the unit whose step made it (of the root outside them), ``bytes / 4`` rows of one
-    float; what the graph's parameters hold beyond those is a frozen root parameter."""
+    the unit whose step made it (of the root outside them), ``bytes / grad_itemsize`` rows of
+    one float (a gradient in bfloat16 is ``grad_itemsize=2``: the step profiled in it); what
+    the graph's parameters hold beyond those is a frozen root parameter."""
     unit_of = {g.compute_nodes[i]: path for path, a, b in unit_calls(g) for i in range(a, b)}
     live: dict[int, tuple[str, int]] = {}
     for st in g.bwd_steps:
@@ -43,14 +45,23 @@ def _groups(g: CostGraph) -> dict[str, tuple[Param, ...]]:
                 live.pop(gid, None)
     groups: dict[str, list[Param]] = {p: [] for p in (*g.units, "")}
     for path, b in live.values():
-        groups[path].append(Param(b // 4, 1, 4))
+        groups[path].append(Param(b // grad_itemsize, 1, 4))
     rest = g.param_bytes - sum(b for _, b in live.values())
     if rest > 0:
         groups[""].append(Param(rest // 4, 1, 4, trainable=False))
     return {k: tuple(v) for k, v in groups.items()}
 
 
-ENGINES = [DDP(), DDP(gradient_as_bucket_view=True), FSDP2(2, "gloo"), FSDP2(3)]
+ENGINES = [DDP(), DDP(gradient_as_bucket_view=True), FSDP2(2, "gloo"), FSDP2(3),
+           FSDP2(2, "gloo", reshard_after_forward=False), FSDP2(3, reshard_after_forward=False),
+           FSDP2(2, "gloo", param_dtype="bfloat16", reduce_dtype="float32"),
+           FSDP2(3, param_dtype="bfloat16")]
+
+
+def _rank(seed: int, engine: object) -> CostGraph:
+    g = _units_graph(seed)
+    bf16 = getattr(engine, "param_dtype", None) == "bfloat16"  # (profiled in it)
+    return per_rank(g, engine, _groups(g, 2 if bf16 else 4))
 
 
 @pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.describe())
@@ -60,7 +71,7 @@ def test_relax_claims_hold_on_per_rank_graphs(engine: object) -> None:
     enumerated unit space's optimum and its bound lies below it."""
     checked = 0
     for seed in range(8):
-        g = per_rank(_units_graph(seed), engine, _groups(_units_graph(seed)))
+        g = _rank(seed, engine)
         checked += len(relax_claims(g, full_space(g), seed))
     assert checked >= 30, checked
 
@@ -68,7 +79,7 @@ def test_relax_claims_hold_on_per_rank_graphs(engine: object) -> None:
 @pytest.mark.parametrize("engine", ENGINES[2:], ids=lambda e: e.describe())
 def test_cpsat_and_the_floor_agree_with_brute_force_on_per_rank_graphs(engine: object) -> None:
     for seed in range(6):
-        g = per_rank(_units_graph(seed), engine, _groups(_units_graph(seed)))
+        g = _rank(seed, engine)
         space = full_space(g)
         least = min(p for p, _ in space)
         f = floor(g, time_limit_s=10)
@@ -101,6 +112,121 @@ def test_fsdp2_shards_what_lives_and_adds_what_runs() -> None:
     one = simulate(g, Schedule.none(g)).peak_bytes
     everything = sum(2 * 2 * math.ceil(p.rows / 2) * 4 for ps in groups.values() for p in ps)
     assert r.param_bytes < simulate(r, Schedule.none(r)).peak_bytes < one + everything
+
+
+def test_fsdp2_without_reshard_keeps_every_unit_gathered_until_its_backward() -> None:
+    """``reshard_after_forward=False``, against hand arithmetic: while unit k runs forward
+    the root and units 0..k are gathered, with k's flat buffer; backward gathers nothing,
+    allocating only the reduce-scatters (the resharding's bytes are freed, not allocated)."""
+    g = _units_graph(4)
+    groups = _groups(g)
+    r = per_rank(g, FSDP2(2, reshard_after_forward=False), groups)
+
+    def gathered(path: str) -> int:
+        return 2 * sum(math.ceil(p.rows / 2) * 4 for p in groups[path])
+
+    calls = unit_calls(g)
+    assert len(calls) >= 2
+    for k, (path, a, _) in enumerate(calls):
+        before = sum(gathered(p) for p, _, _ in calls[:k])
+        held = gathered("") + before + 2 * gathered(path)
+        assert r.engine_bytes[g.compute_nodes[a]][0] == held
+    last = g.compute_nodes[-1]
+    every = sum(gathered(p) for p in groups)
+    assert r.engine_bytes[last][0] == every + gathered(calls[-1][0])  # (+ the last flat)
+    ours = {gid for st in g.bwd_steps for _, gid, _ in st.events}
+    allocs = Counter(b for st in r.bwd_steps for kind, gid, b in st.events
+                     if kind == "a" and gid not in ours)
+    want = Counter(b for path, ps in groups.items() for b in (
+        gathered(path), 2 * sum(math.ceil(p.rows / 2) * 4 for p in ps if p.trainable),
+        sum(math.ceil(p.rows / 2) * 4 for p in ps if p.trainable)))
+    assert allocs == Counter({b: n for b, n in want.items() if b})
+
+
+@pytest.mark.parametrize("value", [2, None, "false"])
+def test_fsdp2_reshard_after_forward_is_true_or_false(value: object) -> None:
+    with pytest.raises(ParallelError, match=f"reshard_after_forward={value!r}.*True or False"):
+        FSDP2(4, reshard_after_forward=value)
+
+
+def _engine_allocs(g: CostGraph, r: CostGraph) -> Counter:
+    """The sizes of the backward allocations ``per_rank`` added to ``g`` (ids not in it)."""
+    ours = {gid for st in g.bwd_steps for _, gid, _ in st.events}
+    return Counter(b for st in r.bwd_steps for kind, gid, b in st.events
+                   if kind == "a" and gid not in ours)
+
+
+@pytest.mark.parametrize("seed", [1, 4])
+def test_cpu_only_temporaries_are_gloos_alone(seed: int) -> None:
+    """Under NCCL backward allocates, per unit, the flat gather buffer, the gathered
+    parameters, the reduce-scatter's input and output (the root: its gathered parameters and
+    its reduce-scatter); gloo adds its collectives' scratch (two gather-size buffers per
+    gather, a copy of each reduce-scatter input, 8 and 4 bytes of scalars) and CPU
+    ``chunk_cat``'s padded copy of each gradient whose rows the world does not divide."""
+    g = _units_graph(seed)
+    groups = _groups(g)
+    world = 3
+
+    def shard(p: Param) -> int:
+        return math.ceil(p.rows / world) * p.row_numel * p.itemsize
+
+    want = Counter()
+    pads = Counter()
+    scratch = Counter()
+    for path, ps in groups.items():
+        gathered = world * sum(shard(p) for p in ps)
+        train = [p for p in ps if p.trainable]
+        want.update([gathered] * (2 if path else 1))  # (the root's is gathered in forward)
+        want.update([world * sum(shard(p) for p in train), sum(shard(p) for p in train)])
+        pads.update(world * shard(p) for p in train if p.rows % world)
+        scratch.update([gathered] * (2 if path else 0)
+                       + [world * sum(shard(p) for p in train), 8, 4])
+    assert pads, "the graph should have rows three does not divide"
+    nccl = _engine_allocs(g, per_rank(g, FSDP2(world, "nccl"), groups))
+    gloo = _engine_allocs(g, per_rank(g, FSDP2(world, "gloo"), groups))
+    def made(c: Counter) -> Counter:
+        return Counter({b: n for b, n in c.items() if b})  # (nothing is allocated of 0 bytes)
+
+    assert nccl == made(want)
+    assert gloo == made(want + pads + scratch)
+
+
+@pytest.mark.parametrize("backend,reduce", [("gloo", "float32"), ("nccl", None)])
+def test_fsdp2_mixed_precision_moves_what_the_policy_says(backend: str, reduce: object) -> None:
+    """``MixedPrecisionPolicy(bfloat16, reduce)`` on float32 parameters, against hand
+    arithmetic (docs/distributed.md): shards and sharded gradients in float32; per gather a
+    bfloat16 copy-in of the shards, the flat buffer and the parameters in bfloat16; the
+    reduce-scatter in ``reduce`` (None: bfloat16, then the output cast to float32); gloo: its
+    scratch, the padded copies and (reducing in another dtype) one cast copy per gradient."""
+    g = _units_graph(4)
+    groups = _groups(g, grad_itemsize=2)  # (the step profiled in bfloat16)
+    world, gloo = 3, backend == "gloo"
+    r = per_rank(g, FSDP2(world, backend, param_dtype="bfloat16", reduce_dtype=reduce), groups)
+
+    def elems(p: Param) -> int:  # (a rank's padded shard)
+        return math.ceil(p.rows / world) * p.row_numel
+
+    rb = 4 if reduce else 2
+    want = Counter()
+    for path, ps in groups.items():
+        train = [p for p in ps if p.trainable]
+        half = sum(2 * elems(p) for p in ps)
+        reduced = sum(rb * elems(p) for p in train)
+        want.update([world * half] + ([half, world * half] if path else []))
+        want.update([world * reduced, reduced] + ([] if reduce else [
+            sum(4 * elems(p) for p in train)]))
+        if gloo:
+            want.update([world * half] * (2 if path else 0) + [world * reduced, 8, 4])
+            want.update(world * 2 * elems(p) for p in train if p.rows % world)
+            want.update(world * 2 * elems(p) for p in train)  # (casts: reduce is float32)
+    assert r.param_bytes == sum(4 * elems(p) for ps in groups.values() for p in ps)
+    assert r.grad_bytes == sum(4 * elems(p) for ps in groups.values() for p in ps
+                               if p.trainable)
+    assert _engine_allocs(g, r) == Counter({b: n for b, n in want.items() if b})
+    root = world * sum(2 * elems(p) for p in groups[""])
+    for path, a, _ in unit_calls(g):
+        unit = world * sum(2 * elems(p) for p in groups[path])
+        assert r.engine_bytes[g.compute_nodes[a]][0] == root + 2 * unit
 
 
 def test_ddp_adds_its_buckets_to_every_moment() -> None:
@@ -165,6 +291,34 @@ def test_solve_plans_one_rank_of_fsdp2(build_example) -> None:
     assert plan.graph.param_bytes < one.graph.param_bytes / 3
     torch.manual_seed(0)
     plan.module(*inputs).backward()  # (one process: the plan runs unwrapped as well)
+
+
+def test_solve_for_a_mixed_precision_policy_profiles_a_copy_in_its_dtype(build_example) -> None:
+    """``param_dtype``: the step is profiled on a bfloat16 copy (per_rank checks that its
+    unsharded gradients are bfloat16's), the shards stay float32, the model is unchanged;
+    a whole-graph plan is refused by name."""
+    model, inputs = build_example("gpt", batch=4, block_size=32, n_layer=3, dropout=0.0)
+    engine = FSDP2(4, param_dtype=torch.bfloat16, reduce_dtype="float32")
+    assert engine.param_dtype == "bfloat16" and "param_dtype=bfloat16" in engine.describe()
+    plain = scheduler.solve(model, inputs, budget="100%", solver="none", repeats=1,
+                            parallel="fsdp2:4")
+    plan = scheduler.solve(model, inputs, budget="100%", solver="none", repeats=1,
+                           parallel=engine)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert plan.graph.param_bytes == plain.graph.param_bytes  # (float32 shards)
+    assert plan.graph.meta["parallel"] == engine.describe()
+
+    # (per_rank refuses a profile whose gradients are not param_dtype's: solving proves it)
+    assert plan.estimate.peak_bytes < plain.estimate.peak_bytes
+    with pytest.raises(ParallelError, match="units"):
+        scheduler.solve(model, inputs, budget="100%", solver="none", repeats=1, units=None,
+                        parallel=engine)
+
+
+@pytest.mark.parametrize("value", ["int8", torch.int32, "fp8"])
+def test_fsdp2_dtypes_are_floating_and_named(value: object) -> None:
+    with pytest.raises(ParallelError, match=f"param_dtype={value!r}"):
+        FSDP2(2, param_dtype=value)
 
 
 @pytest.mark.parametrize("engine,world", [(DDP(optimizer="adamw"), 1),
