@@ -61,8 +61,9 @@ def llama_batch(n: int) -> dict[str, torch.Tensor]:
 def test_dynamic_compile_over_four_lengths_is_one_graph_with_the_models_gradients() -> None:
     """The acceptance check: a Hugging Face Llama planned at length 128 and compiled with
     ``dynamic=True`` runs lengths 128, 96, 64, 128 in one graph, no break, as the unplanned
-    model does compiled the same way, with the model's loss and gradients at each; eager calls of the plan at each length run every unit's
-    regions with the traces made when solving (none made after)."""
+    model does compiled the same way, with the model's loss and gradients at each; eager
+    calls of the plan at each length run every unit's regions with the traces made when
+    solving (none made after)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
@@ -142,9 +143,9 @@ class Net(nn.Module):
 def test_a_unit_that_bakes_a_size_traces_per_shape(how: str) -> None:
     """Exported units: one trace for every length where the block computes the length from
     its input; a trace per length where it reads it as a Python number (the trace holds for
-    that length only, and never runs at another), where the trace for all lengths has
-    other ops than the profiled step, or where it holds for even lengths only. Every unit runs its regions at every length, with the
-    model's loss and gradients."""
+    that length only, and never runs at another), where the trace for all lengths has other
+    ops than the profiled step, or where it holds for even lengths only. Every unit runs its
+    regions at every length, with the model's loss and gradients."""
     torch.manual_seed(0)
     model = Net(how).train()
     params = list(model.parameters())
@@ -167,3 +168,31 @@ def test_a_unit_that_bakes_a_size_traces_per_shape(how: str) -> None:
             assert units.planned_calls == len(units.forwards) * (i + 1)
             assert units.fallback_calls == 0
     assert units.traces == (1 if how == "symbolic" else 3)
+
+
+def test_the_compiled_call_warm_up_leaves_no_trace_of_a_failure() -> None:
+    """`warm_up`'s second pass (the units called as a compiled step calls them) is a trial: a
+    unit whose step cannot be traced there runs its own forward with no warning, no count
+    and no record (a call that may never come); the same call outside the trial falls back
+    as any other (here: raises, with ``on_fallback="raise"``)."""
+    torch.manual_seed(0)
+    model = Net("symbolic").train()
+    x = torch.randn(2, 64, 8, generator=torch.Generator().manual_seed(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = scheduler.solve(model, (x,), budget="75%", units="auto", on_fallback="raise")
+    units = units_plan(plan.module)
+    for f in units.forwards.values():
+        f._trace = lambda *args, **kwargs: "a trace that fails"
+        f._generic.clear()
+        f.trial = True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = plan.module(x)
+    assert torch.equal(out, model(x))
+    assert (units.planned_calls, units.fallback_calls, units.traces) == (0, 0, 0)
+    assert all(not f._steps for f in units.forwards.values())
+    for f in units.forwards.values():
+        f.trial = False
+    with pytest.raises(scheduler.PlanFallbackError, match="a trace that fails"):
+        plan.module(x)

@@ -14,8 +14,9 @@ graph allows:
   wherever it appears, and each symbol has its range. A placeholder size that is an
   expression of symbols, a size node that reads an intermediate value, an assertion on
   sizes in the graph, or an input guard of export's that the pattern does not imply (the
-  model branched on ``n % 2``: the graph holds for even lengths only) gives no pattern (the caller traces for the call's sizes instead: a
-  graph is never run at sizes it was not traced for);
+  model branched on ``n % 2``: the graph holds for even lengths only) gives no pattern (the
+  caller traces for the call's sizes instead: a graph is never run at sizes it was not
+  traced for);
 * ``torch.fx.symbolic_trace`` never sees a size: shapes read by the model's code are graph
   nodes (a Python branch on one fails to trace), so its graph holds for every size of inputs
   of the same ranks (`any_sizes`).

@@ -71,9 +71,10 @@ class UnitsPlan:
             self._warned_shapes = True
             warnings.warn(
                 f"the plan runs its schedule on tensor inputs of shapes and dtypes "
-                f"{show_shapes(got)}, but it was solved for {show_shapes(self.solved_specs)}: its "
-                "predicted peak memory holds for that call only. Solve for the largest inputs "
-                "you train with", RuntimeWarning, stacklevel=3)
+                f"{show_shapes(got)}, but it was solved for "
+                f"{show_shapes(self.solved_specs)}: its predicted peak memory holds for that "
+                "call only. Solve for the largest inputs you train with", RuntimeWarning,
+                stacklevel=3)
 
     @property
     def planned_calls(self) -> int:

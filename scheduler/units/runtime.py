@@ -188,6 +188,8 @@ class UnitForward:
         planned_steps, fallback_steps: training calls that ran the regions, and that ran
             the unit's own forward instead.
         on_fallback: ``"warn"`` or ``"raise"``.
+        trial: while True, a call whose step cannot be traced runs the unit's own forward
+            and keeps no record of it (no warning, no count, traced again at the next).
     """
 
     def __init__(self, unit: nn.Module, regions: tuple[Region, ...],
@@ -207,6 +209,7 @@ class UnitForward:
         self._once = once if once is not None else set()  # shared by the plan's units
         self.planned_steps = self.fallback_steps = 0
         self.on_fallback = check_on_fallback(on_fallback)
+        self.trial = False  # (`step.warm_up`'s compiled-call pass: a step not traced is dropped)
 
     def __getstate__(self) -> dict[str, Any]:  # (traces do not copy or pickle)
         return {**vars(self), "_steps": {}, "_generic": {}, "_warned": set(), "_where": {}}
@@ -250,6 +253,9 @@ class UnitForward:
             if step is None:
                 key, step = self._new_step(base, key, spec, consts, tensors, collector)
         if isinstance(step, str):
+            if self.trial:  # (a call that may never come: said, or raised, when it does)
+                del self._steps[key]
+                return self.own(*args, **kwargs)
             self._fall_back(step)
             return self.own(*args, **kwargs)
         if not torch.compiler.is_compiling():

@@ -118,9 +118,15 @@ def warm_up(module: nn.Module, inputs: tuple[Any, ...]) -> None:
     if plan is None or not module.training:
         return
     for as_compiled in (False, True):
-        with (preserved_state(module), torch.enable_grad(),
-              compiled_choices() if as_compiled else contextlib.nullcontext()):
-            module(*inputs)
+        for forward in plan.forwards.values():
+            forward.trial = as_compiled  # (a call the compiled step may never make)
+        try:
+            with (preserved_state(module), torch.enable_grad(),
+                  compiled_choices() if as_compiled else contextlib.nullcontext()):
+                module(*inputs)
+        finally:
+            for forward in plan.forwards.values():
+                forward.trial = False
     for forward in plan.forwards.values():
         forward.planned_steps = forward.fallback_steps = 0
 
