@@ -6,7 +6,8 @@ step once for all lengths, and eager calls at other lengths run the same traces;
 trace bakes a size in is traced again per shape. References are the unplanned model's loss
 and gradients at each length (the same weights and batch), bit for bit: the compiled checks
 use dynamo with the eager backend, which runs the captured graph's ops as they are, so the
-only difference from the model is the plan's (none, for checkpointing)."""
+only difference from the model is the plan's (none, for checkpointing); under inductor, the
+unplanned model compiled the same way, within what compiling changes in its gradients."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo as dynamo
+import torch._functorch.config as functorch_config
+import torch._inductor.config as inductor_config
 import torch.nn as nn
 from torch._dynamo.utils import counters
 
@@ -27,9 +30,13 @@ LENGTHS = (128, 96, 64, 128)
 
 @pytest.fixture(autouse=True)
 def fresh_compiler() -> Any:
+    """Dynamo reset and its counters cleared, inductor's caches off (each test compiles its
+    own graphs, as in tests/test_compile.py)."""
     dynamo.reset()
     counters.clear()
-    yield
+    with inductor_config.patch(force_disable_caches=True), \
+            functorch_config.patch(enable_autograd_cache=False):
+        yield
     dynamo.reset()
 
 
@@ -57,6 +64,16 @@ def llama_batch(n: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "labels": ids}
 
 
+def tiny_llama() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=2,
+                                   num_key_value_heads=2, max_position_embeddings=256,
+                                   use_cache=False)
+    return transformers.LlamaForCausalLM(cfg).train()
+
+
 @pytest.mark.slow  # (a solve of a Hugging Face Llama and a dynamo capture: about a minute)
 def test_dynamic_compile_over_four_lengths_is_one_graph_with_the_models_gradients() -> None:
     """The acceptance check: a Hugging Face Llama planned at length 128 and compiled with
@@ -64,13 +81,7 @@ def test_dynamic_compile_over_four_lengths_is_one_graph_with_the_models_gradient
     model does compiled the same way, with the model's loss and gradients at each; eager
     calls of the plan at each length run every unit's regions with the traces made when
     solving (none made after)."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=2,
-                                   num_key_value_heads=2, max_position_embeddings=256,
-                                   use_cache=False)
-    model = transformers.LlamaForCausalLM(cfg).train()
+    model = tiny_llama()
     params = list(model.parameters())
     plan = scheduler.solve(model, llama_batch(128), budget="70%")
     units = units_plan(plan.module)
@@ -104,6 +115,30 @@ def test_dynamic_compile_over_four_lengths_is_one_graph_with_the_models_gradient
                          grads(model, params, **llama_batch(n)), f"eager, length {n}")
             assert units.planned_calls == len(units.forwards) * (i + 1)
     assert units.traces == traces and units.fallback_calls == 0
+
+
+@pytest.mark.slow  # (inductor compiles the plan and the model: about a minute)
+def test_inductor_dynamic_plan_is_the_compiled_model_over_lengths() -> None:
+    """Under inductor (``dynamic=True``, one graph, no break) the plan's loss equals the
+    compiled model's and its gradients differ from them by no more than compiling makes the
+    model's differ from its eager ones (at least a few float32 rounding steps of the values):
+    inductor fuses the checkpointed regions' kernels otherwise, nothing more."""
+    model = tiny_llama()
+    params = list(model.parameters())
+    plan = scheduler.solve(model, llama_batch(128), budget="70%")
+    planned = torch.compile(plan.module, dynamic=True)
+    got = {n: grads(planned, params, **llama_batch(n)) for n in LENGTHS}
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    dynamo.reset()
+    compiled = torch.compile(model, dynamic=True)
+    eps = torch.finfo(torch.float32).eps
+    for n in LENGTHS[:3]:
+        ref, ref_c = grads(model, params, **llama_batch(n)), grads(compiled, params,
+                                                                     **llama_batch(n))
+        torch.testing.assert_close(got[n][0], ref_c[0], rtol=0, atol=0)
+        for g, r, rc in zip(got[n][1], ref[1], ref_c[1]):
+            bound = max((rc - r).abs().max().item(), 4 * eps * r.abs().max().item())
+            assert (g - rc).abs().max().item() <= bound, n
 
 
 class Block(nn.Module):
