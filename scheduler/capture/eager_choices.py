@@ -7,7 +7,7 @@ import contextlib
 import sys
 from typing import Any, Iterator
 
-__all__ = ["EAGER_CHOICES", "choices", "eager_choices"]
+__all__ = ["EAGER_CHOICES", "TRACING_CHECKS", "choices", "compiled_choices", "eager_choices"]
 
 #: Library functions whose answer depends on tensor values, which an export cannot read:
 #: ``(module, name)``. Hugging Face's mask
@@ -21,6 +21,35 @@ EAGER_CHOICES = (("transformers.masking_utils", "_ignore_causal_mask_sdpa"),
                  ("transformers.masking_utils", "find_packed_sequence_indices"))
 
 _REPLAY_CHOICES: list[bool | str] = [False]
+
+#: The checks by which those library functions tell a traced call (``torch.compile``'s
+#: included) from an eager one: ``(module, name)``
+TRACING_CHECKS = (("transformers.masking_utils", "is_tracing"),)
+
+
+@contextlib.contextmanager
+def compiled_choices() -> Iterator[None]:
+    """While it is active, the library code of `EAGER_CHOICES` answers an eager call as it
+    answers one traced by ``torch.compile`` (`TRACING_CHECKS` say "tracing"): Hugging Face's
+    mask builder then builds the mask it builds in a compiled step (it cannot read the
+    positions' values there to find that no sequences are packed), so that an eager call
+    passes a model's layers what they receive compiled. (`units.step.warm_up` traces the
+    units for both calls.) A library not loaded, or without these checks, is left alone."""
+    patched = []
+    for mod_name, name in TRACING_CHECKS:
+        mod = sys.modules.get(mod_name)
+        if callable(getattr(mod, name, None)):
+            patched.append((mod, name, getattr(mod, name)))
+            setattr(mod, name, _tracing)
+    try:
+        yield
+    finally:
+        for mod, name, fn in patched:
+            setattr(mod, name, fn)
+
+
+def _tracing(*args: Any, **kwargs: Any) -> bool:
+    return True
 
 
 @contextlib.contextmanager

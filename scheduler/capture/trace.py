@@ -26,6 +26,7 @@ from . import usercode
 from .calls import as_tuple, autocast_state, bare_copy, input_constants, input_specs
 from .eager_choices import choices as _choices
 from .mutation import alias_groups, mutated_inputs
+from .shapes import any_sizes, export_dims, exported_pattern, hoist_sizes, quiet_auto_dims
 
 __all__ = ["trace", "TraceError", "TraceInfo", "LossRecipe", "as_tuple",
            "default_loss_recipe", "model_nodes", "preserved_state"]
@@ -105,6 +106,10 @@ class TraceInfo:
     autocast: tuple[tuple[str, torch.dtype], ...] = ()  # `autocast_state` while it was traced
     user_checkpoints: tuple[str, ...] = ()  # "file:line" of the model's own checkpoint calls
     unfired_hooks: tuple[usercode.LostHook, ...] = ()  # hooks the plan's step does not run
+    # traced with ``dynamic=True``: the input shapes the graph holds for (`shapes.ShapePattern`;
+    # None: only ``input_specs``), and its size nodes, moved to its start (`shapes.hoist_sizes`)
+    shapes: Any = None
+    size_nodes: tuple[str, ...] = ()
 
 
 class _Step(nn.Module):
@@ -151,7 +156,8 @@ def preserved_state(model: nn.Module) -> Iterator[None]:
 
 def trace(model: nn.Module, example_inputs: Sequence[Any], *,
           loss_fn: Callable[[Any], torch.Tensor] | None = None,
-          fake: Any = None, tracer: str | None = None) -> fx.GraphModule:
+          fake: Any = None, tracer: str | None = None, dynamic: bool = False
+          ) -> fx.GraphModule:
     """Capture one forward of ``model`` on ``example_inputs``, plus the loss, as a graph.
 
     Args:
@@ -164,6 +170,8 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
             model on the meta device is exported with its parameters' fakes in place).
         tracer: ``"fx"`` or ``"export"`` to use that tracer only (a unit is traced with the
             tracer its model's step was); None (default) tries fx, then export.
+        dynamic: trace for every size the model's code allows (`shapes`: export with
+            ``Dim.AUTO`` dimensions); `TraceInfo.shapes` says for which (None: these only).
 
     Returns:
         A ``GraphModule`` computing ``(model_output, loss)`` whose parameters are the model's
@@ -214,6 +222,7 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
                                  f"graph")
             used = "fx"
             _check_fx_outputs(gm, out_spec)
+            sizes, shapes = [], any_sizes(inputs) if dynamic else None
         except Exception as e:  # noqa: BLE001 - any failure means: try the other tracer
             fx_error = usercode.first_line(e)
             if tracer == "fx":
@@ -225,9 +234,16 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
             swap = fake is not None and _on_meta(model)
             try:
                 with (preserved_state(model), usercode.export_quietly(), _choices(answers, False),
-                      fake.swapped(step) if swap else contextlib.nullcontext()):
-                    ep = torch.export.export(step, inputs, strict=False)
+                      fake.swapped(step) if swap else contextlib.nullcontext(),
+                      quiet_auto_dims()):
+                    ep = torch.export.export(step, inputs, strict=False,
+                                             dynamic_shapes=export_dims(inputs) if dynamic
+                                             else None)
                 gm = ep.module()
+                sizes = hoist_sizes(gm) if dynamic else None
+                shapes = (exported_pattern(gm, ep.range_constraints,
+                                           getattr(ep, "_guards_code", None))  # (torch's)
+                          if sizes is not None else None)
                 if swap:
                     fake.put_back(gm)
                 used = "export"
@@ -252,7 +268,8 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
                      fallback_reason=fx_error, training=model.training,
                      input_specs=input_specs(inputs), constants=input_constants(inputs),
                      autocast=autocast_state(), user_checkpoints=tuple(watch.checkpoints),
-                     unfired_hooks=usercode.unfired_hooks(model, watch.called, kept))
+                     unfired_hooks=usercode.unfired_hooks(model, watch.called, kept),
+                     shapes=shapes, size_nodes=tuple(sizes or ()) if shapes is not None else ())
     _classify(gm, info)
     gm.meta["scheduler"] = info
     usercode.warn_user_code(type(model).__name__, used, watch.checkpoints, info.unfired_hooks)

@@ -3,7 +3,8 @@ own ``forward`` (`find` chooses them, `runtime` runs them, `step` fits a profile
 them)."""
 
 from .find import UnitChoice, find_units
-from .runtime import UnitForward, UnitsPlan, rewrite_units, units_plan
+from .plans import UnitsPlan, units_plan
+from .runtime import UnitForward, rewrite_units
 from .step import called_once, gives_positions, profile_units, warm_up, without_cache
 
 __all__ = ["UnitChoice", "UnitForward", "UnitsPlan", "called_once", "find_units", "gives_positions",

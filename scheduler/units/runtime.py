@@ -8,10 +8,14 @@ called as a module (``unit(*args, **kwargs)`` from the model's code): its hooks,
 unshard and reshard among them, run as they would. Its ``forward`` is a `UnitForward`:
 
 * a training call (gradients on, training mode) traces the unit once per call signature
-  (the tensor arguments' shapes and dtypes, the other arguments' values, autocast), with the
-  arguments it really receives and the tracer the step was profiled with, checks that the
-  trace has the ops, in order, of the unit's call in the profiled step, and runs them under
-  the unit's regions (`regions.CheckpointedStep`, parameters read live from the unit);
+  (the tensor arguments' ranks and dtypes, the other arguments' values, autocast), for
+  every size the trace holds for (`capture.shapes`; where it holds for the call's shapes
+  only, once per shapes), with the arguments it really receives and the tracer the step was
+  profiled with, checks that the trace has the ops, in order, of the unit's call in the
+  profiled step, and runs them under the unit's regions (`regions.CheckpointedStep`,
+  parameters read live from the unit). Looking a call's step up reads no size, only
+  relations the trace needs between them (`capture.shapes.ShapePattern.fits`), so that
+  ``torch.compile(..., dynamic=True)`` captures one graph for every size;
 * anything else (gradients off, eval mode) runs the unit's own ``forward``;
 * what transformers' output-capture hooks inside the unit collect (MoE router logits, hidden
   states) its trace returns, and each planned call hands to the model's collector
@@ -47,103 +51,12 @@ from ..regions import CheckpointedStep
 from ..rewrite import MAX_TRACES, check_on_fallback, first_line, report_fallback
 from . import capture
 from .engine import EngineCheck
+from .plans import UnitsPlan, input_shapes
 
-__all__ = ["UnitForward", "UnitsPlan", "rewrite_units", "units_plan"]
+__all__ = ["UnitForward", "rewrite_units"]
 
 #: keyword arguments holding a key/value cache, dropped in training (Hugging Face's names)
 CACHE_KWARGS = {"use_cache": False, "cache": None, "past_key_values": None, "layer_past": None}
-
-
-class UnitsPlan:
-    """What a units plan's module carries (``units_plan(module)``, or `rewrite.planned`): the
-    units, their `UnitForward`s by path, and the counts over them.
-
-    Attributes:
-        schedule: the `Schedule` over the profiled step.
-        why: why these units (`find.UnitChoice.why`).
-        forwards: ``{unit path: UnitForward}`` of the units that have a recompute region.
-        loss_fn: the loss the step was profiled with (used by `scheduler.measure`).
-        solved_specs: the ``(shape, dtype)`` of each tensor the step was solved with, sorted.
-    """
-
-    def __init__(self, schedule: Schedule, why: str, forwards: dict[str, "UnitForward"],
-                 loss_fn: Callable[[Any], torch.Tensor] | None = None,
-                 solved_specs: tuple[Any, ...] = ()):
-        self.schedule, self.why, self.forwards = schedule, why, forwards
-        self.loss_fn, self.solved_specs, self._warned_shapes = loss_fn, solved_specs, False
-
-    @property
-    def planned_steps(self) -> int:
-        """Training steps in which every planned unit ran its regions (the least count of
-        any planned unit's calls that did)."""
-        return min((f.planned_steps for f in self.forwards.values()), default=0)
-
-    @property
-    def fallback_steps(self) -> int:
-        """Training steps in which some planned unit ran its own forward instead (the most
-        of any one unit's)."""
-        return max((f.fallback_steps for f in self.forwards.values()), default=0)
-
-    @property
-    def traces(self) -> int:
-        """The most call signatures any planned unit holds a traced step for."""
-        return max((f.traces for f in self.forwards.values()), default=0)
-
-    def check_shapes(self, module: nn.Module, args: tuple[Any, ...],
-                     kwargs: dict[str, Any]) -> None:
-        """A forward pre-hook of the planned module: warn once when a training call's tensors
-        differ from those the step was solved with (its memory was predicted for those)."""
-        if self._warned_shapes or not (torch.is_grad_enabled() and module.training):
-            return
-        got = _specs((args, kwargs))
-        if got != self.solved_specs:
-            self._warned_shapes = True
-            warnings.warn(
-                f"the plan runs its schedule on tensor inputs of shapes and dtypes "
-                f"{_show(got)}, but it was solved for {_show(self.solved_specs)}: its "
-                "predicted peak memory holds for that call only. Solve for the largest inputs "
-                "you train with", RuntimeWarning, stacklevel=3)
-
-    @property
-    def planned_calls(self) -> int:
-        """Training calls of the planned units that ran their regions."""
-        return sum(f.planned_steps for f in self.forwards.values())
-
-    @property
-    def fallback_calls(self) -> int:
-        """Training calls of the planned units that ran the unit's own forward instead."""
-        return sum(f.fallback_steps for f in self.forwards.values())
-
-    @property
-    def on_fallback(self) -> str:
-        return next(iter(self.forwards.values())).on_fallback if self.forwards else "warn"
-
-    @on_fallback.setter
-    def on_fallback(self, value: str) -> None:
-        for f in self.forwards.values():
-            f.on_fallback = check_on_fallback(value)
-
-    def __repr__(self) -> str:
-        return (f"UnitsPlan({len(self.forwards)} planned units, {self.planned_calls} planned "
-                f"calls, {self.fallback_calls} fallback calls)")
-
-
-def _specs(tree: Any) -> tuple[Any, ...]:
-    """The sorted ``(shape, dtype)`` of the tensors in ``tree`` but scalars (a loss keyword
-    such as Trainer's ``num_items_in_batch`` is one: it moves no memory)."""
-    return tuple(sorted((tuple(t.shape), str(t.dtype).removeprefix("torch."))
-                        for t in pytree.tree_leaves(tree)
-                        if isinstance(t, torch.Tensor) and t.dim() > 0))
-
-
-def _show(specs: tuple[Any, ...]) -> str:
-    return str([(list(s), d) for s, d in specs])
-
-
-def units_plan(module: nn.Module) -> UnitsPlan | None:
-    """The `UnitsPlan` of a module `rewrite_units` returned (None for any other module)."""
-    got = module.__dict__.get("_scheduler_units") if isinstance(module, nn.Module) else None
-    return got if isinstance(got, UnitsPlan) else None
 
 
 def rewrite_units(model: nn.Module, graph: CostGraph, schedule: Schedule, *, tracer: str,
@@ -194,7 +107,7 @@ def rewrite_units(model: nn.Module, graph: CostGraph, schedule: Schedule, *, tra
         unit.__dict__["forward"] = fwd
         forwards[path] = fwd
     plan = UnitsPlan(schedule, why, forwards, loss_fn,
-                     _specs(inputs) if inputs is not None else ())
+                     input_shapes(inputs) if inputs is not None else ())
     root.__dict__["_scheduler_units"] = plan
     if inputs is not None:
         root.register_forward_pre_hook(plan.check_shapes, with_kwargs=True)
@@ -275,6 +188,8 @@ class UnitForward:
         planned_steps, fallback_steps: training calls that ran the regions, and that ran
             the unit's own forward instead.
         on_fallback: ``"warn"`` or ``"raise"``.
+        trial: while True, a call whose step cannot be traced runs the unit's own forward
+            and keeps no record of it (no warning, no count, traced again at the next).
     """
 
     def __init__(self, unit: nn.Module, regions: tuple[Region, ...],
@@ -285,20 +200,26 @@ class UnitForward:
         base = unit.__dict__.get("forward")
         self.base = base if base is not None else type(unit).forward
         self._bound = base is not None
-        self._steps: dict[Any, CheckpointedStep | str] = {}
+        self._steps: dict[Any, CheckpointedStep | str] = {}  # per call signature and shapes
+        # per call signature but its sizes: a step traced for all sizes (`capture.shapes`), or
+        # None where the first trace was not (the steps are then per shapes, in ``_steps``)
+        self._generic: dict[Any, CheckpointedStep | None] = {}
         self._where: dict[Any, tuple] = {}  # per key: where its captured outputs go
         self._warned: set[str] = set()
         self._once = once if once is not None else set()  # shared by the plan's units
         self.planned_steps = self.fallback_steps = 0
         self.on_fallback = check_on_fallback(on_fallback)
+        self.trial = False  # (`step.warm_up`'s compiled-call pass: a step not traced is dropped)
 
     def __getstate__(self) -> dict[str, Any]:  # (traces do not copy or pickle)
-        return {**vars(self), "_steps": {}, "_warned": set(), "_where": {}}
+        return {**vars(self), "_steps": {}, "_generic": {}, "_warned": set(), "_where": {}}
 
     @property
     def traces(self) -> int:
-        """How many call signatures it holds a traced, scheduled step for."""
-        return sum(isinstance(s, CheckpointedStep) for s in self._steps.values())
+        """How many traced, scheduled steps it holds (one per call signature where the trace
+        holds for all its sizes, else per signature and shapes)."""
+        return sum(isinstance(s, CheckpointedStep) for s in (*self._steps.values(),
+                                                             *self._generic.values()))
 
     def __repr__(self) -> str:  # noqa: D105
         rc = sum(r.policy != "keep" for r in self.regions)
@@ -320,15 +241,21 @@ class UnitForward:
         tensors = tuple(x for x in leaves if isinstance(x, torch.Tensor))
         consts = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
         collector = capture.active()
-        key = (str(spec), tuple("<tensor>" if c is _TENSOR else constant_key(c)
-                                for c in consts), input_specs(tensors), autocast_state(),
-               capture.signature(collector))
-        step = self._steps.get(key)
-        if step is None:
-            step = (self._trace(key, spec, consts, tensors, collector) if len(self._steps)
-                    < MAX_TRACES else f"it was called with more than {MAX_TRACES} signatures")
-            self._steps[key] = step
+        # the call's signature but its sizes (read no size here: under torch.compile with
+        # dynamic shapes, the graph then holds for every size the unit's trace holds for)
+        base = (str(spec), tuple("<tensor>" if c is _TENSOR else constant_key(c)
+                                 for c in consts), tuple((t.dim(), t.dtype) for t in tensors),
+                autocast_state(), capture.signature(collector))
+        key, step = base, self._generic.get(base)
+        if step is None or not step.info.shapes.fits(tensors):
+            key = (*base, input_specs(tensors))
+            step = self._steps.get(key)
+            if step is None:
+                key, step = self._new_step(base, key, spec, consts, tensors, collector)
         if isinstance(step, str):
+            if self.trial:  # (a call that may never come: said, or raised, when it does)
+                del self._steps[key]
+                return self.own(*args, **kwargs)
             self._fall_back(step)
             return self.own(*args, **kwargs)
         if not torch.compiler.is_compiling():
@@ -354,23 +281,45 @@ class UnitForward:
                 UserWarning, stacklevel=3)
         return {k: (CACHE_KWARGS[k] if k in dropped else v) for k, v in kwargs.items()}
 
+    def _new_step(self, base: Any, key: Any, spec: Any, consts: tuple[Any, ...],
+                  tensors: tuple[torch.Tensor, ...], collector: dict[str, Any] | None
+                  ) -> tuple[Any, CheckpointedStep | str]:
+        """The key and step of a call with no step yet: at a signature's first call, its
+        trace for all sizes (`capture.shapes`) under ``base``; where that is not one (a size
+        baked in, ops other than the profiled ones, a failure), a trace for these shapes
+        under ``key``, as at the signature's calls at shapes the first trace does not fit."""
+        if base not in self._generic:
+            step = self._trace(base, spec, consts, tensors, collector, dynamic=True)
+            ok = isinstance(step, CheckpointedStep) and step.info.shapes is not None
+            self._generic[base] = step if ok and step.info.shapes.fits(tensors) else None
+            if self._generic[base] is not None:
+                return base, step
+        if len(self._steps) + len(self._generic) >= MAX_TRACES:
+            step = f"it was called with more than {MAX_TRACES} signatures"
+        else:
+            step = self._trace(key, spec, consts, tensors, collector, dynamic=False)
+        self._steps[key] = step
+        return key, step
+
     @torch.compiler.disable
     def _trace(self, key: Any, spec: Any, consts: tuple[Any, ...],
-               tensors: tuple[torch.Tensor, ...], collector: dict[str, Any] | None
-               ) -> CheckpointedStep | str:
+               tensors: tuple[torch.Tensor, ...], collector: dict[str, Any] | None,
+               dynamic: bool) -> CheckpointedStep | str:
         forward = self.base if not self._bound else (lambda unit, *a, **k: self.base(*a, **k))
         call = _UnitCall(self.module, forward, spec, consts, collector)
         try:
             with warnings.catch_warnings():  # (its lost hooks: said when the step was profiled)
                 warnings.simplefilter("ignore", UserCodeWarning)
-                gm = trace(call, tensors, tracer=self.tracer)
+                gm = trace(call, tensors, tracer=self.tracer, dynamic=dynamic)
         except RuntimeError as e:
             return f"the unit could not be traced at this call ({first_line(e)})"
         finally:
             call.collector = None  # (the user's: not kept)
         self._where[key] = call.where
         info = gm.meta["scheduler"]
-        nodes = [n for n in model_nodes(gm) if n.name not in info.loss_nodes]
+        sizes = tuple(n for n in info.size_nodes if n not in info.loss_nodes)
+        nodes = [n for n in model_nodes(gm) if n.name not in info.loss_nodes
+                 and n.name not in sizes]
         got = tuple(_op(n.op, target_str(n), "unit") for n in nodes)
         if got != self.ops:
             at = next((i for i, (x, y) in enumerate(zip(got, self.ops)) if x != y),
@@ -382,7 +331,8 @@ class UnitForward:
                     "inputs you train with")
         rel = {f"#{i}": n.name for i, n in enumerate(nodes)}
         try:
-            return CheckpointedStep(gm, Schedule([_renamed(r, rel) for r in self.regions]),
+            first = [Region("keep", sizes)] if sizes else []  # (size nodes: kept, first)
+            return CheckpointedStep(gm, Schedule(first + [_renamed(r, rel) for r in self.regions]),
                                     root=call)
         except ScheduleError as e:
             return f"the unit's regions do not run at this call ({first_line(e)})"

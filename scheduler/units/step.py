@@ -15,7 +15,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from ..capture.eager_choices import eager_choices
+from ..capture.eager_choices import compiled_choices, eager_choices
 from ..capture.profile import profile_step
 from ..capture.trace import preserved_state
 from ..capture.usercode import within_units
@@ -26,7 +26,8 @@ from ..ir.replays import unit_calls
 from .find import UnitChoice, find_units
 from ..ir.schedule import Schedule
 from ..rewrite import rewrite
-from .runtime import rewrite_units, units_plan
+from .plans import units_plan
+from .runtime import rewrite_units
 
 __all__ = ["called_once", "gives_positions", "in_param_dtype", "planned_module", "profile_units",
            "warm_up", "without_cache"]
@@ -147,15 +148,27 @@ def in_param_dtype(model: nn.Module | None, example_inputs: Any, dtype: torch.dt
 
 
 def warm_up(module: nn.Module, inputs: tuple[Any, ...]) -> None:
-    """One forward of a units plan's ``module`` on the inputs it was solved with (gradients on;
+    """Forwards of a units plan's ``module`` on the inputs it was solved with (gradients on;
     buffers, gradients and RNG restored after; its counts reset): each unit traces its call
     now rather than at the first training call, so that ``torch.compile(module)`` meets
-    traced units and captures the step in one graph."""
+    traced units and captures the step in one graph. Twice: as an eager call passes the
+    units their arguments, and as a compiled one does (`capture.eager_choices.
+    compiled_choices`: Hugging Face builds an attention mask under ``torch.compile`` that it
+    skips eagerly; a unit called with it at its first compiled call would trace there, a
+    graph break)."""
     plan = units_plan(module)
     if plan is None or not module.training:
         return
-    with preserved_state(module), torch.enable_grad():
-        module(*inputs)
+    for as_compiled in (False, True):
+        for forward in plan.forwards.values():
+            forward.trial = as_compiled  # (a call the compiled step may never make)
+        try:
+            with (preserved_state(module), torch.enable_grad(),
+                  compiled_choices() if as_compiled else contextlib.nullcontext()):
+                module(*inputs)
+        finally:
+            for forward in plan.forwards.values():
+                forward.trial = False
     for forward in plan.forwards.values():
         forward.planned_steps = forward.fallback_steps = 0
 
