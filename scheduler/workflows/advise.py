@@ -42,7 +42,7 @@ from ..measurement.step import measure, measure_in_turns
 from ..plan import solve_graph
 from ..rewrite import rewrite
 from ..quantities import check_time_limit, format_bytes, format_seconds, parse_bytes
-from .advise_rank import advise_per_rank, rank_engine
+from .advise_rank import advise_per_rank, least_peak_result, rank_engine
 from .advice import (
     CHECKPOINT,
     FITS,
@@ -291,7 +291,7 @@ class _Pricer:
                 raise InfeasibleBudgetError("", budget_bytes=target, min_feasible_bytes=0)
             result = solve_graph(g, target, solver=self.solver, time_limit_s=self.time_limit_s)
         except InfeasibleBudgetError:  # nothing fits: report the least peak a schedule reaches
-            floor = _min_peak_result(g, self.solver, self.time_limit_s).estimate
+            floor = least_peak_result(g, self.solver, self.time_limit_s).estimate
             return Option(name, k, size, True, max(floor.peak_bytes + self.state, opt_peak),
                           k * floor.step_s + opt_s, False, floor.overhead, "no schedule fits")
         est = result.estimate
@@ -318,15 +318,6 @@ class _Pricer:
             "predicted_peak_bytes": chosen.predicted_peak_bytes,
             "measured_peak_bytes": m.peak_bytes + self.state + held,
         }
-
-
-def _min_peak_result(graph: CostGraph, solver: str, time_limit_s: float | None) -> Any:
-    """The solver's schedule with the least peak: solved at its smallest feasible budget."""
-    try:
-        return solve_graph(graph, 1, solver=solver, time_limit_s=time_limit_s)
-    except InfeasibleBudgetError as e:
-        return solve_graph(graph, e.min_feasible_bytes, solver=solver,
-                           time_limit_s=time_limit_s)
 
 
 # ------------------------------------------------------------------ inputs and micro-batches

@@ -28,13 +28,14 @@ from ..ir.graph import CostGraph, with_step_time
 from ..ir.schedule import Schedule
 from ..measurement.breakdown import StepBreakdown
 from ..measurement.step import measure_in_turns
-from ..parallel import DDP, FSDP2, OPTIMIZER_STATES, parse_parallel
+from ..parallel import DDP, FSDP2, parse_parallel
+from ..parallel.engines import optimizer_bytes
 from ..plan import solve_graph
 from ..quantities import format_bytes, format_seconds
 from ..units.step import profile_units
 from .advice import Advice, Option, beyond_summary, recommend, remedies, shares
 
-__all__ = ["advise_per_rank", "rank_engine"]
+__all__ = ["advise_per_rank", "least_peak_result", "rank_engine"]
 
 #: `advise`'s optimizer names -> `parallel.OPTIMIZER_STATES`' names
 _NAMES = {"adamw": "adamw", "adam": "adam", "sgd": "sgd", "sgd_momentum": "sgd-momentum"}
@@ -64,14 +65,15 @@ def rank_engine(parallel: Any, optimizer: Any, optimizer_state_bytes: Any) -> DD
 
 def _held(model: nn.Module, paths: Sequence[str], engine: DDP | FSDP2) -> dict[str, int]:
     """What a rank holds through the step: its parameters (FSDP2: their shards), DDP's
-    gradient buckets and the optimizer state (`parallel.OPTIMIZER_STATES`)."""
-    params = [p for ps in param_groups(model, paths).values() for p in ps]
+    gradient buckets and the optimizer state (`parallel.engines.optimizer_bytes`)."""
+    groups = param_groups(model, paths)
     world = engine.world if isinstance(engine, FSDP2) else 1
-    like, scalar = OPTIMIZER_STATES[engine.optimizer or "sgd"]
+    params = [p for ps in groups.values() for p in ps]
     trainable = sum(p.shard_bytes(world) for p in params if p.trainable)
     return {"parameters": sum(p.shard_bytes(world) for p in params),
             "gradients": 0 if isinstance(engine, FSDP2) else trainable,  # DDP's buckets
-            "optimizer_state": like * trainable + scalar * sum(p.trainable for p in params)}
+            "optimizer_state": optimizer_bytes(engine.optimizer, groups,
+                                               lambda p: p.shard_bytes(world))}
 
 
 def advise_per_rank(model: nn.Module, inputs: tuple[Any, ...], engine: DDP | FSDP2, *,
@@ -166,12 +168,20 @@ def _checkpointed(advice: Advice, name: str, k: int, size: int | None, g: CostGr
     where none fits, the least peak any schedule reaches."""
     try:
         result = solve_graph(g, advice.usable_bytes, solver=solver, time_limit_s=time_limit_s)
-    except InfeasibleBudgetError as e:
-        least = solve_graph(g, e.min_feasible_bytes, solver=solver,
-                            time_limit_s=time_limit_s).estimate
+    except InfeasibleBudgetError:
+        least = least_peak_result(g, solver, time_limit_s).estimate
         return Option(name, k, size, True, least.peak_bytes, k * least.step_s, False,
                       least.overhead, "no schedule fits")
     est = result.estimate
     advice.schedules[name] = result.schedule
     return Option(name, k, size, True, est.peak_bytes, k * est.step_s,
                   est.peak_bytes <= advice.usable_bytes, est.overhead)
+
+
+def least_peak_result(graph: CostGraph, solver: str, time_limit_s: float | None) -> Any:
+    """The solver's schedule with the least peak: solved at its smallest feasible budget."""
+    try:
+        return solve_graph(graph, 1, solver=solver, time_limit_s=time_limit_s)
+    except InfeasibleBudgetError as e:
+        return solve_graph(graph, e.min_feasible_bytes, solver=solver,
+                           time_limit_s=time_limit_s)
