@@ -2,7 +2,7 @@
 
 ``solve`` traces and profiles a model once, solves for a schedule under a budget and rewrites
 the model into a `Plan`; ``solve_graph`` is the torch-free middle step on a `CostGraph`;
-``apply`` re-applies a saved schedule without solving.
+``apply`` (`reapply`) re-applies a saved schedule without solving.
 """
 
 from __future__ import annotations
@@ -18,24 +18,25 @@ import torch
 import torch.nn as nn
 
 from .budget import budget_spec, infeasible_error, parse_budget
-from .capture.calls import call_inputs
-from .capture.profile import check_profile_options, trace_without_running
+from .capture.profile import check_profile_options
+from .compiled_fit import COMPILED_PEAK, compile_and_measure, fit_compiled, warn_unmeasured
 from .cost.compiled import check_execution, costs_for
 from .cost.estimate import Estimate
 from .cost.simulate import simulate
 from .distributed import check_unwrapped, process_group, same_schedule
 from .ir.graph import CostGraph
-from .ir.schedule import Schedule, ScheduleError
+from .ir.schedule import Schedule
 from .parallel import parse_parallel
 from .measurement.step import measure
 from .report import plot_timeline
-from .rewrite import check_on_fallback, rewrite
+from .reapply import apply
+from .rewrite import check_on_fallback
 from .solvers.base import INFEASIBLE, SolveResult, get_solver
 from .solvers.stash import solve_with_rng_stash
-from .step_checks import INPUT_SHAPES, check_shapes, input_shapes, own_peak
+from .step_checks import INPUT_SHAPES, input_shapes, own_peak
 from .units import UnitChoice, profile_units, warm_up
 from .units.step import planned_module
-from .units.apply import UNITS, apply_units, stamped, units_meta
+from .units.apply import stamped, units_meta
 from .quantities import check_time_limit, format_bytes, format_seconds
 
 __all__ = ["INPUT_SHAPES", "Plan", "apply", "input_shapes", "solve", "solve_graph"]
@@ -65,6 +66,8 @@ class Plan:
             None.
         units: the submodules the plan takes over and why (`units.UnitChoice`; no paths:
             the whole step is one traced graph).
+        compiled_peak_bytes: for a plan solved for compiled execution and measured
+            (``measure_compiled``), the peak of ``torch.compile(module)``'s step; else None.
     """
 
     module: nn.Module
@@ -79,6 +82,7 @@ class Plan:
     unconstrained_peak_bytes: int = field(default=0)
     own_peak_bytes: int | None = None
     units: UnitChoice = field(default=UnitChoice((), ""))
+    compiled_peak_bytes: int | None = None
 
     def save(self, path: str | Path) -> None:
         """Write the schedule as JSON, to re-apply later with `scheduler.apply`."""
@@ -139,8 +143,11 @@ class Plan:
                                     "one traced graph of the whole step"
                                     + (f" ({self.units.why})" if self.units.why else "")),
             *([f"  time model      {self.schedule.meta['execution']} (what a replay costs "
-               f"under torch.compile; the peak is the eager step's)"]
+               f"under torch.compile" + ("; the peak is the eager step's)"
+                                         if self.compiled_peak_bytes is None else ")")]
               if self.schedule.meta.get("execution", "eager") != "eager" else []),
+            *([f"  compiled peak   {format_bytes(self.compiled_peak_bytes)} measured "
+               f"(torch.compile, inductor)"] if self.compiled_peak_bytes is not None else []),
         ])
 
     def __repr__(self) -> str:
@@ -150,60 +157,6 @@ class Plan:
                 f"{format_seconds(self.estimate.recompute_s)} (+{self.estimate.overhead:.1%}), "
                 f"{len(self.schedule.recompute_regions)}/{len(self.schedule.regions)} regions "
                 "recomputed)")
-
-
-def apply(model: nn.Module, schedule: Schedule | str | Path,
-          example_inputs: Sequence[Any] | Mapping[str, Any], *,
-          loss_fn: Callable[[Any], torch.Tensor] | None = None, on_fallback: str = "warn"
-          ) -> nn.Module:
-    """Return ``model`` with a saved schedule applied, without solving.
-
-    A units plan's schedule (solved with ``units=``; its units are in ``schedule.meta``)
-    gives a module that runs the model's own forward with those units planned
-    (`units.apply`): the step is profiled again on fake tensors to check the fingerprint, so
-    a schedule solved on the meta device applies to the real model.
-
-    Args:
-        model: the model the schedule was solved for (not modified; the result shares its
-            parameters).
-        schedule: a `Schedule` or the path of one saved with ``Schedule.save``/``plan.save``.
-        example_inputs: inputs (positional, or a mapping of keywords) with the shapes the
-            schedule was solved for.
-        loss_fn: the loss used when solving, if any.
-        on_fallback: what a training call that cannot run the plan does: ``"warn"``
-            (default) or ``"raise"`` (see `rewrite.rewrite`).
-
-    Raises:
-        ScheduleError: the schedule's file is malformed, or it was made for a model whose
-            structure or input shapes differ (the message says which).
-
-    Warns:
-        UserWarning: a schedule without a fingerprint is applied at other input shapes than
-            the ones `solve` recorded for it (`INPUT_SHAPES`), naming both, or records none, so
-            that its shapes cannot be checked: its predicted memory holds only for those.
-    """
-    check_on_fallback(on_fallback)
-    check_unwrapped(model, "apply")
-    if not isinstance(schedule, Schedule):
-        schedule = Schedule.load(schedule)
-    if schedule.meta.get(UNITS):  # (a units plan: the model's own forward runs it)
-        return apply_units(model, schedule, example_inputs, loss_fn=loss_fn,
-                           on_fallback=on_fallback)
-    inputs = call_inputs(model, example_inputs)
-    gm, fp = trace_without_running(model, inputs, loss_fn=loss_fn,
-                                   fingerprint=bool(schedule.fingerprint))
-    if schedule.fingerprint:
-        if fp != schedule.fingerprint:
-            raise ScheduleError(
-                f"the schedule was made for a graph with fingerprint {schedule.fingerprint!r}, "
-                f"but {type(model).__name__} with inputs "
-                f"{[tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor)]} traces to "
-                f"{fp!r}: the model's structure or input shapes differ; solve again for it")
-    # (a schedule of another model fails here)
-    module = rewrite(gm, schedule, model, on_fallback=on_fallback)
-    if not schedule.fingerprint:
-        check_shapes(schedule, input_shapes(gm), type(model).__name__)
-    return module
 
 
 def solve_graph(graph: CostGraph | str | Path, budget: int | float | str, *,
@@ -274,7 +227,7 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
           times: str | None = None, device: str | torch.device | None = None,
           device_spec: Any = None, small_inputs: Sequence[Any] | None = None,
           execution: str = "eager", on_fallback: str = "warn", units: Any = "default",
-          parallel: Any = None) -> Plan:
+          parallel: Any = None, measure_compiled: bool = True) -> Plan:
     """Find the checkpointing schedule with the least recompute time whose predicted peak
     memory fits ``budget``, and apply it.
 
@@ -311,8 +264,7 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
             for a device the model is not on (``plan.module`` runs where the model is).
         execution: ``"eager"`` (default), or ``"compiled"`` to plan for
             ``torch.compile(plan.module)``: what a replay costs compiled (see `solve_graph`).
-            The budget holds for the eager step's predicted peak; measure the compiled one
-            (inductor's buffers differ, usually lower).
+            With ``measure_compiled``, the budget is the compiled step's measured peak.
         on_fallback: what a training call of ``plan.module`` that cannot run the plan does:
             ``"warn"`` (default: the model's own forward runs, with a warning at its 1st,
             10th, 100th, ... such step) or ``"raise"`` (`rewrite.PlanFallbackError`); the
@@ -336,12 +288,20 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
             each of ``plan.units.paths``, then on ``plan.module`` (units default to
             ``"auto"``). The budget, fractions and the estimate are then per rank. None
             (default): one device.
+        measure_compiled: with ``execution="compiled"``, where the model runs here (a real
+            profile on one device), compile each candidate plan (``torch.compile``, inductor)
+            and measure its step's peak, solving again at other targets until the fastest
+            plan measured within the budget (`compiled_fit.fit_compiled`; a few compiles);
+            ``plan.compiled_peak_bytes`` is that measurement. Elsewhere, or False, the budget
+            holds for the eager step's predicted peak (a `compiled_fit.CompiledPeakWarning`
+            says so unless False).
 
     Returns:
         A `Plan`: ``plan.module``, ``plan.estimate``, ``plan.status``, ``plan.save(path)``.
 
     Raises:
-        InfeasibleBudgetError: nothing fits; the message names the smallest feasible budget.
+        InfeasibleBudgetError: nothing fits; the message names the smallest feasible budget
+            (measured compiled, with ``measure_compiled``).
         TraceError: the model cannot be traced.
         ValueError: a bad budget or time limit (both checked before profiling), solver name or
             headroom.
@@ -357,6 +317,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     check_time_limit(time_limit_s)
     check_execution(execution)
     check_on_fallback(on_fallback)
+    if not isinstance(measure_compiled, bool):
+        raise ValueError(f"measure_compiled must be True or False, got {measure_compiled!r}")
     get_solver(solver)
     check_profile_options(mode, times, device_spec)
     parse_parallel(parallel, *process_group())  # (fail now, not after profiling)
@@ -379,18 +341,41 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     result = dataclasses.replace(result, schedule=stamped(schedule, gm, choice))
     unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
     budget_bytes = parse_budget(budget, unconstrained)
-    own = (own_peak(gm, model, inputs, budget_bytes, result.estimate, say)
-           if graph.meta.get("profile", {}).get("mode") != "fake"
-           and "parallel" not in graph.meta else None)
-    module = planned_module(gm, graph, result.schedule, model, inputs, why=choice.why,
-                            on_fallback=on_fallback)
-    if (choice.paths and graph.meta.get("profile", {}).get("mode") != "fake"
-            and "param_dtype=" not in graph.meta.get("parallel", "")):
-        warm_up(module, inputs)  # (units trace now, for compile; under a MixedPrecisionPolicy
-        # they run in another dtype than the module's: they trace at the first call)
+    runs_here = (graph.meta.get("profile", {}).get("mode") != "fake"
+                 and "parallel" not in graph.meta)
+    own = own_peak(gm, model, inputs, budget_bytes, result.estimate, say) if runs_here else None
+
+    def build(res: SolveResult) -> nn.Module:
+        module = planned_module(gm, graph, res.schedule, model, inputs, why=choice.why,
+                                on_fallback=on_fallback)
+        if (choice.paths and graph.meta.get("profile", {}).get("mode") != "fake"
+                and "param_dtype=" not in graph.meta.get("parallel", "")):
+            warm_up(module, inputs)  # (units trace now, for compile; under a
+            # MixedPrecisionPolicy they run in another dtype: they trace at the first call)
+        return module
+
+    def solved(target: int) -> SolveResult:
+        if target == result.budget_bytes:
+            return result
+        res = solve_graph(graph, target, solver=solver, time_limit_s=time_limit_s,
+                          execution=execution)
+        return dataclasses.replace(res, schedule=stamped(res.schedule, gm, choice))
+
+    if execution != "compiled" or not measure_compiled:
+        module = build(result)
+    elif runs_here and not process_group()[0]:
+        say("compiling the plan to measure its peak")
+        fit = fit_compiled(result.budget_bytes, result.budget_bytes, unconstrained, solved,
+                           lambda res: compile_and_measure(
+                               build(res), inputs, loss_fn=gm.meta["scheduler"].loss_fn),
+                           progress=say)
+        result, module = fit.result, fit.module
+    else:
+        warn_unmeasured(graph)
+        module = build(result)
     return Plan(module=module, units=choice,
                 schedule=result.schedule,
                 estimate=result.estimate, status=result.status, gap=result.gap,
                 solve_s=result.solve_s, graph=graph, result=result,
                 budget_bytes=budget_bytes, unconstrained_peak_bytes=unconstrained,
-                own_peak_bytes=own)
+                own_peak_bytes=own, compiled_peak_bytes=result.schedule.meta.get(COMPILED_PEAK))

@@ -74,12 +74,14 @@ def no_profiling(monkeypatch):
 def test_solve_for_compiled_execution_says_so_and_writes_it(factory, tmp_path):
     out = tmp_path / "compiled.schedule.json"
     code, stdout, _ = run(["solve", f"{factory}:small", "--budget", "70%", "--execution",
-                           "compiled", "--time-limit", "5", "--repeats", "1", "--out", str(out)])
+                           "compiled", "--no-measure-compiled", "--time-limit", "5",
+                           "--repeats", "1", "--out", str(out)])
     assert code == 0
     schedule = Schedule.load(out)
     assert schedule.meta["execution"] == "compiled"
     assert schedule.estimate["peak_bytes"] <= schedule.budget_bytes
     assert "time model" in stdout and "torch.compile" in stdout
+    assert "compiled peak" in stdout and "not measured" in stdout
     assert "predicted step" not in stdout  # (no step of the eager base and compiled replays)
 
 

@@ -1,0 +1,155 @@
+"""`compiled_fit.fit_compiled`: the search for the fastest plan whose compiled step measures
+within the budget, with the compile-and-measure step stood in for by a known function of the
+plan (the eager cost model's peak times a factor: what inductor's buffers do, in the worst
+and best cases measured), so that every answer is checked against that function itself and
+against the plans the solver gives at every target (a brute-force sweep). The real
+measurement is tested in tests/test_compile.py (slow: it compiles)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+import scheduler
+from scheduler.budget import InfeasibleBudgetError
+from scheduler.compiled_fit import COMPILED_PEAK, CompiledPeakWarning, fit_compiled
+from scheduler.cost.simulate import simulate
+from scheduler.ir.schedule import Schedule
+from scheduler.plan import solve_graph
+from scheduler.testing.synthetic import random_graph
+
+GRAPH = random_graph(16, kind="chain", seed=1)
+UNSCHEDULED = simulate(GRAPH, Schedule.none(GRAPH)).peak_bytes
+
+
+class Measured:
+    """``result -> (its schedule, factor x its predicted peak)``, counting the calls."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor, self.calls = factor, 0
+
+    def __call__(self, result: Any) -> tuple[Any, int]:
+        self.calls += 1
+        return result.schedule, self.peak(result.schedule)
+
+    def peak(self, schedule: Schedule) -> int:
+        return int(self.factor * simulate(GRAPH, schedule).peak_bytes)
+
+
+def solve_at(target: int) -> Any:
+    return solve_graph(GRAPH, target, solver="dp", time_limit_s=10)
+
+
+def fit(budget: int, measured: Measured, **kw: Any) -> Any:
+    return fit_compiled(budget, budget, UNSCHEDULED, solve_at, measured, **kw)
+
+
+def sweep(budget: int, measured: Measured, n: int = 60) -> list[tuple[float, int]]:
+    """``(recompute, measured peak)`` of the solver's plan at ``n`` targets up to the
+    unscheduled peak (brute force over targets, not over schedules)."""
+    out = []
+    for i in range(1, n + 1):
+        try:
+            r = solve_at(int(UNSCHEDULED * i / n))
+        except InfeasibleBudgetError:
+            continue
+        out.append((r.estimate.recompute_s, measured.peak(r.schedule)))
+    return out
+
+
+def test_a_plan_measured_as_predicted_is_the_solvers_plan_after_one_compile() -> None:
+    budget = int(0.7 * UNSCHEDULED)
+    measured = Measured(1.0)
+    got = fit(budget, measured)
+    ref = solve_at(budget)
+    assert measured.calls == 1
+    assert got.result.schedule.regions == ref.schedule.regions
+    assert got.peak_bytes == measured.peak(ref.schedule) <= budget
+    assert got.result.schedule.meta[COMPILED_PEAK] == got.peak_bytes
+
+
+@pytest.mark.parametrize("fraction", [0.65, 0.75, 0.85])
+def test_a_compiled_step_above_the_prediction_is_solved_again_below_the_budget(
+        fraction: float) -> None:
+    budget = int(fraction * UNSCHEDULED)
+    measured = Measured(1.12)
+    assert measured.peak(solve_at(budget).schedule) > budget  # (the eager plan would not fit)
+    got = fit(budget, measured)
+    assert measured.peak(got.result.schedule) == got.peak_bytes <= budget
+    assert 2 <= measured.calls <= 4
+    assert got.tries[0].target_bytes == budget and got.tries[0].peak_bytes > budget
+    # no plan the solver gives at any target is faster and measures within the budget by
+    # more than the search's stopping margin (2%)
+    better = [rc for rc, peak in sweep(budget, measured)
+              if peak <= 0.98 * budget and rc < got.result.estimate.recompute_s - 1e-12]
+    assert not better, (better, got.tries)
+
+
+def test_memory_the_compiled_step_leaves_unused_buys_a_faster_plan() -> None:
+    budget = int(0.7 * UNSCHEDULED)
+    measured = Measured(0.8)
+    at_budget = solve_at(budget)
+    got = fit(budget, measured)
+    assert measured.peak(got.result.schedule) == got.peak_bytes <= budget
+    assert got.result.estimate.recompute_s < at_budget.estimate.recompute_s
+    assert got.result.estimate.peak_bytes > budget  # (eagerly it would not fit: run compiled)
+
+
+def test_no_plan_within_the_budget_raises_naming_the_least_measured_peak() -> None:
+    budget = int(0.7 * UNSCHEDULED)
+    measured = Measured(3.0)
+    with pytest.raises(InfeasibleBudgetError, match="measure_compiled=False") as info:
+        fit(budget, measured, compiles=3)
+    assert measured.calls <= 3
+    assert info.value.budget_bytes == budget
+    assert info.value.min_feasible_bytes > budget
+    # a measured peak: 3x a predicted one, so at least 3x the least peak of any schedule
+    with pytest.raises(InfeasibleBudgetError) as floor:
+        solve_at(1)
+    assert info.value.min_feasible_bytes >= 3 * floor.value.min_feasible_bytes
+
+
+def test_nothing_fitting_the_first_target_is_the_solvers_own_error() -> None:
+    with pytest.raises(InfeasibleBudgetError, match="is infeasible"):
+        fit(int(0.1 * UNSCHEDULED), Measured(1.0))
+
+
+def test_a_plan_met_again_is_not_measured_again() -> None:
+    budget = int(0.75 * UNSCHEDULED)
+    measured = Measured(1.12)
+    got = fit(budget, measured, compiles=4)
+    assert measured.calls == len({(t.predicted_peak_bytes, t.recompute_s) for t in got.tries})
+
+
+def test_compiles_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="compiles must be >= 1, got 0"):
+        fit(UNSCHEDULED, Measured(1.0), compiles=0)
+
+
+def mlp() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    layers = [m for _ in range(6) for m in (torch.nn.Linear(32, 32), torch.nn.GELU())]
+    return torch.nn.Sequential(*layers), (torch.randn(256, 32),)
+
+
+def test_solve_refuses_a_measure_compiled_that_is_no_bool() -> None:
+    model, inputs = mlp()
+    with pytest.raises(ValueError, match="measure_compiled must be True or False, got 'yes'"):
+        scheduler.solve(model, inputs, budget="80%", execution="compiled",
+                        measure_compiled="yes")  # type: ignore[arg-type]
+
+
+def test_a_fake_profiled_plan_for_compile_warns_that_its_peak_is_not_measured() -> None:
+    model, inputs = mlp()
+    with pytest.warns(CompiledPeakWarning, match="profiled on fake tensors"):
+        plan = scheduler.solve(model, inputs, budget="80%", execution="compiled", mode="fake",
+                               time_limit_s=5)
+    assert plan.compiled_peak_bytes is None
+    assert "the peak is the eager step's" in plan.summary()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompiledPeakWarning)
+        scheduler.solve(model, inputs, budget="80%", execution="compiled", mode="fake",
+                        time_limit_s=5, measure_compiled=False)
