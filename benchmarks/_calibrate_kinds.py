@@ -23,7 +23,8 @@ __all__ = ["KindTimes", "kind_times", "measure_spec", "op_kind"]
 
 def op_kind(model: nn.Module) -> Callable[[Any], str]:
     """A node's op kind in ``model``'s graph: a module call's class (``Linear``, ``Conv2d``),
-    a function's name (``add``, ``scaled_dot_product_attention``) or a method's
+    a function's name (``add``, ``scaled_dot_product_attention``), an aten op's without its
+    overload (``addmm``: exported graphs, e.g. Hugging Face GPT-2's) or a method's
     (``Tensor.transpose``); the loss nodes are ``loss: NAME``."""
     classes = {path: type(m).__name__ for path, m in model.named_modules()}
 
@@ -38,6 +39,8 @@ def op_kind(model: nn.Module) -> Callable[[Any], str]:
                 name = node.target
         elif node.op == "call_method":
             name = f"Tensor.{node.target}"
+        elif node.target.startswith(("aten.", "prims.")):  # an exported graph's op overload
+            name = node.target.split(".")[1]  # ("aten.add.Tensor": add)
         else:
             name = node.target.rsplit(".", 1)[-1]
         return f"loss: {name}" if node.is_loss else name
