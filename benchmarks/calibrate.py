@@ -30,7 +30,8 @@ plan's recompute). With ``--compiled``, the real profile is also solved for comp
 execution (``execution="compiled"``) and each plan run as ``torch.compile(plan)``: its
 predicted step is the measured step of the compiled unscheduled plan plus the plan's
 compiled recompute in this run's seconds (`peers.compiled_step_ratios`). Inductor takes one
-to two minutes a graph on a 2-core CPU, four graphs an example.
+to two minutes a plan on a 2-core CPU, and each example compiles four (the base and three
+budgets): about 2 minutes in all at the ``--quick`` sizes, where only 90% is feasible.
 
 Nothing is asserted; timings are comparable only within one run on an otherwise idle
 machine. ``--write`` replaces the ``calibrate`` section of ``docs/benchmarks.md``
