@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch._dynamo.config as dynamo_config
 import torch._functorch.config as functorch_config
+import torch._inductor.config as inductor_config
 from torch import nn
 from torch._functorch.partitioners import get_default_op_list
 from torch.utils.checkpoint import (
@@ -37,8 +39,8 @@ import scheduler
 from scheduler.capture.trace import default_loss_recipe
 from scheduler.measurement.compiled import compiled_peak
 
-__all__ = ["Variant", "block_paths", "compiled", "device_of", "peaks", "time_rounds",
-           "titan_policy", "titan_save_ops", "wrap_blocks"]
+__all__ = ["Variant", "block_paths", "compiled", "device_of", "fresh_compiles", "peaks",
+           "time_rounds", "titan_policy", "titan_save_ops", "wrap_blocks"]
 
 
 @dataclass
@@ -148,6 +150,19 @@ def compiled(module: nn.Module, budget: float | None, graphs: list[int]) -> nn.M
             return compile_fx(gm, example_inputs)
 
     return torch.compile(module, backend=backend)
+
+
+def fresh_compiles() -> None:
+    """Set torch.compile up for many variants in one process: the FX-graph and AOT-autograd
+    caches off (with them on, a second ``activation_memory_budget``'s compilation reused the
+    first one's graph) and dynamo's recompile limits raised (our plans' modules share their
+    ``forward``'s code, which dynamo counts as recompiles of one function)."""
+    inductor_config.force_disable_caches = True
+    functorch_config.enable_autograd_cache = False
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, 256)
 
 
 def time_rounds(variants: list[Variant], rounds: int,

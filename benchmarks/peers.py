@@ -60,9 +60,6 @@ from typing import Any
 
 import torch
 import torch._dynamo as dynamo
-import torch._dynamo.config as dynamo_config
-import torch._functorch.config as functorch_config
-import torch._inductor.config as inductor_config
 from rich.console import Console
 from rich.table import Table
 
@@ -76,6 +73,7 @@ from _peers_variants import (
     Variant,
     block_paths,
     compiled,
+    fresh_compiles,
     peaks,
     time_rounds,
     titan_policy,
@@ -414,13 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.png is None:
         args.png = ROOT / "docs" / ("peers.png" if args.device == "cpu" else "peers_cuda.png")
     torch.set_num_threads(1)
-    # (with the caches on, a second budget's compilation reused the first one's graph)
-    inductor_config.force_disable_caches = True
-    functorch_config.enable_autograd_cache = False
-    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
-                 "accumulated_cache_size_limit"):
-        if hasattr(dynamo_config, name):
-            setattr(dynamo_config, name, 256)
+    fresh_compiles()
     budgets = () if args.no_compile else ((1.0, 0.4) if args.quick else COMPILE_BUDGETS)
     results, parts = [], []
     for key in keys:
