@@ -97,8 +97,9 @@ def fit_compiled(budget_bytes: int, target_bytes: int, ceiling_bytes: int,
 
     Raises:
         InfeasibleBudgetError: no plan measured within the budget (its ``min_feasible_bytes``
-            is the least compiled peak measured: a budget that plan keeps to), or nothing fits
-            the first target.
+            is the least compiled peak measured: a budget the plan measured keeps to, which a
+            search from that budget may or may not meet again), or nothing fits the first
+            target.
     """
     if compiles < 1:
         raise ValueError(f"compiles must be >= 1, got {compiles}")
@@ -150,15 +151,17 @@ def fit_compiled(budget_bytes: int, target_bytes: int, ceiling_bytes: int,
             break
         target = step
     if best is None:
-        least = min(t.peak_bytes for t in tries)
+        least = min(tries, key=lambda t: t.peak_bytes)
         raise InfeasibleBudgetError(
             f"no plan's compiled step measured within the budget "
             f"{format_bytes(budget_bytes)}: {len(seen)} plan(s) compiled and measured peaks "
             f"of {', '.join(format_bytes(t.peak_bytes) for t in tries)} (solved at "
-            f"{', '.join(format_bytes(t.target_bytes) for t in tries)}). Give a budget of "
-            f"at least {format_bytes(least)}, or pass measure_compiled=False to plan against "
-            f"the eager step's predicted peak", budget_bytes=budget_bytes,
-            min_feasible_bytes=least)
+            f"{', '.join(format_bytes(t.target_bytes) for t in tries)}), the least "
+            f"{format_bytes(least.peak_bytes)}. Give a budget of that or more (solved at "
+            f"{least.target_bytes} bytes the plan keeps to it), or pass "
+            f"measure_compiled=False to plan against the eager step's predicted peak",
+            budget_bytes=budget_bytes,
+            min_feasible_bytes=least.peak_bytes)
     _, peak, result, module = best
     assert result.schedule is not None
     schedule = dataclasses.replace(result.schedule,
