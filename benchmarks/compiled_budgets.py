@@ -43,6 +43,7 @@ import _record
 from peers import EXAMPLES, QUICK
 
 import scheduler
+from scheduler.budget import InfeasibleBudgetError
 from scheduler.measurement.compiled import compiled_peak
 
 #: the progress line `compiled_fit.fit_compiled` says for each plan it measures
@@ -79,8 +80,17 @@ def main(argv: list[str] | None = None) -> int:
             model, inputs = build(**(QUICK[key] if args.quick else kwargs))
             lines: list[str] = []
             t0 = time.perf_counter()
-            plan = scheduler.solve(model, inputs, budget=fraction, execution="compiled",
-                                   time_limit_s=args.time_limit, progress=lines.append)
+            try:
+                plan = scheduler.solve(model, inputs, budget=fraction, execution="compiled",
+                                       time_limit_s=args.time_limit, progress=lines.append)
+            except InfeasibleBudgetError as e:
+                tries = [m.groups() for m in map(TRY.match, lines) if m]
+                table.add_row(label, f"{fraction:.0%}", mib(e.budget_bytes), "-",
+                              tries[0][1] if tries else "-", "-", "-", "-",
+                              "no plan" if tries else "infeasible", "-", str(len(tries)),
+                              f"{time.perf_counter() - t0:.0f} s")
+                Console(width=200).print(f"{label} {fraction:.0%}: {e}")
+                continue
             solve_s = time.perf_counter() - t0
             tries = [m.groups() for m in map(TRY.match, lines) if m]
             dynamo.reset()
@@ -98,11 +108,11 @@ def main(argv: list[str] | None = None) -> int:
                           "yes" if again <= plan.budget_bytes else "NO",
                           f"{again / reported:.3f}", str(len(tries)), f"{solve_s:.0f} s")
             Console(width=200).print(f"{label} {fraction:.0%}: {'; '.join(lines[-len(tries):])}")
-    Console(width=200).print(table)
-    if args.write:
-        path = _record.record("compiled_budgets", _record.markdown_table(table), device="cpu",
-                              command=_record.command_line(__file__, argv))
-        print(f"updated {path}", file=sys.stderr)
+        Console(width=200).print(table)
+        if args.write:  # (after each example: a long run that stops keeps what it measured)
+            path = _record.record("compiled_budgets", _record.markdown_table(table),
+                                  device="cpu", command=_record.command_line(__file__, argv))
+            print(f"updated {path}", file=sys.stderr)
     return 0
 
 

@@ -111,10 +111,15 @@ def fit_compiled(budget_bytes: int, target_bytes: int, ceiling_bytes: int,
     for _ in range(4 * compiles):  # (solves meeting a measured plan again cost no compile)
         try:
             result = solve_at(target)
-        except InfeasibleBudgetError:
-            if not tries:
-                raise
-            break
+        except InfeasibleBudgetError as e:
+            floor = e.min_feasible_bytes  # (below the least peak: try the plan there once)
+            if not tries or floor is None or not target < floor < tries[-1].target_bytes \
+                    or any(t.target_bytes == floor for t in tries):
+                if not tries:
+                    raise
+                break
+            target = floor
+            continue
         assert result.schedule is not None and result.estimate is not None
         key = schedule_key(result)
         if key not in seen:
@@ -157,8 +162,8 @@ def fit_compiled(budget_bytes: int, target_bytes: int, ceiling_bytes: int,
             f"{format_bytes(budget_bytes)}: {len(seen)} plan(s) compiled and measured peaks "
             f"of {', '.join(format_bytes(t.peak_bytes) for t in tries)} (solved at "
             f"{', '.join(format_bytes(t.target_bytes) for t in tries)}), the least "
-            f"{format_bytes(least.peak_bytes)}. Give a budget of that or more (solved at "
-            f"{least.target_bytes} bytes the plan keeps to it), or pass "
+            f"{format_bytes(least.peak_bytes)}. Give a budget of that or more (the plan solved "
+            f"at {format_bytes(least.target_bytes)} keeps to it), or pass "
             f"measure_compiled=False to plan against the eager step's predicted peak",
             budget_bytes=budget_bytes,
             min_feasible_bytes=least.peak_bytes)
