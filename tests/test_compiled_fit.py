@@ -47,7 +47,7 @@ def fit(budget: int, measured: Measured, **kw: Any) -> Any:
     return fit_compiled(budget, budget, UNSCHEDULED, solve_at, measured, **kw)
 
 
-def sweep(budget: int, measured: Measured, n: int = 60) -> list[tuple[float, int]]:
+def sweep(budget: int, measured: Measured, n: int = 30) -> list[tuple[float, int]]:
     """``(recompute, measured peak)`` of the solver's plan at ``n`` targets up to the
     unscheduled peak (brute force over targets, not over schedules)."""
     out = []
