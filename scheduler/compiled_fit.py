@@ -142,7 +142,12 @@ def fit_compiled(budget_bytes: int, target_bytes: int, ceiling_bytes: int,
             step = target + (budget_bytes - peak)
         else:
             over_at = target if over_at is None else min(over_at, target)
-            step = target - (peak - budget_bytes)
+            # each plan in a row still over the budget doubles the next step down: a lower
+            # target's plan may keep the same compiled buffers, and the excess alone would
+            # then creep down by the same few bytes
+            overs = next((i for i, t in enumerate(reversed(tries))
+                          if t.peak_bytes <= budget_bytes), len(tries))
+            step = target - (peak - budget_bytes) * 2 ** (overs - 1)
         step = min(step, ceiling_bytes)
         if step <= 0:
             break
