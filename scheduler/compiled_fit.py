@@ -99,7 +99,7 @@ def fit_compiled(budget_bytes: int, target_bytes: int, ceiling_bytes: int,
         InfeasibleBudgetError: no plan measured within the budget (its ``min_feasible_bytes``
             is the least compiled peak measured: a budget the plan measured keeps to, which a
             search from that budget may or may not meet again), or nothing fits the first
-            target.
+            target nor the least feasible one the solver names.
     """
     if compiles < 1:
         raise ValueError(f"compiles must be >= 1, got {compiles}")
@@ -112,8 +112,11 @@ def fit_compiled(budget_bytes: int, target_bytes: int, ceiling_bytes: int,
         try:
             result = solve_at(target)
         except InfeasibleBudgetError as e:
-            floor = e.min_feasible_bytes  # (below the least peak: try the plan there once)
-            if not tries or floor is None or not target < floor < tries[-1].target_bytes \
+            # below the least predicted peak: try the plan there once (compiled, it may keep
+            # to a budget its eager prediction does not)
+            floor = e.min_feasible_bytes
+            if floor is None or not target < floor <= ceiling_bytes \
+                    or (tries and floor >= tries[-1].target_bytes) \
                     or any(t.target_bytes == floor for t in tries):
                 if not tries:
                     raise

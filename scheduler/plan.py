@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
-from .budget import budget_spec, infeasible_error, parse_budget
+from .budget import InfeasibleBudgetError, budget_spec, infeasible_error, parse_budget
 from .capture.profile import check_profile_options
 from .compiled_fit import COMPILED_PEAK, compile_and_measure, fit_compiled, warn_unmeasured
 from .cost.compiled import check_execution, costs_for
@@ -292,7 +292,9 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
             profile on one device), compile each candidate plan (``torch.compile``, inductor)
             and measure its step's peak, solving again at other targets until the fastest
             plan measured within the budget (`compiled_fit.fit_compiled`; a few compiles);
-            ``plan.compiled_peak_bytes`` is that measurement. Elsewhere, or False, the budget
+            ``plan.compiled_peak_bytes`` is that measurement. A budget below every plan's
+            predicted peak is tried with the plan at the least one: inductor's step often
+            needs less than the eager prediction. Elsewhere, or False, the budget
             holds for the eager step's predicted peak (a `compiled_fit.CompiledPeakWarning`
             says so unless False).
 
@@ -329,9 +331,24 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
         small_inputs=small_inputs, parallel=parallel)
     if choice.paths:
         say(f"units: {choice.why}")
+    unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
+    budget_bytes = parse_budget(budget, unconstrained)
+    runs_here = (graph.meta.get("profile", {}).get("mode") != "fake"
+                 and "parallel" not in graph.meta)
+    fit_here = (execution == "compiled" and measure_compiled and runs_here
+                and not process_group()[0])
     say(f"solving with {solver}")
-    result = solve_graph(graph, budget, solver=solver, time_limit_s=time_limit_s,
-                         headroom=headroom, execution=execution)
+    try:
+        result = solve_graph(graph, budget, solver=solver, time_limit_s=time_limit_s,
+                             headroom=headroom, execution=execution)
+    except InfeasibleBudgetError as e:
+        if not fit_here or e.min_feasible_bytes is None:
+            raise
+        # compiled, the plan at the least feasible budget may measure within this one
+        say(f"no plan's predicted peak fits; compiling the plan at "
+            f"{format_bytes(e.min_feasible_bytes)}")
+        result = solve_graph(graph, e.min_feasible_bytes, solver=solver,
+                             time_limit_s=time_limit_s, headroom=headroom, execution=execution)
     assert result.schedule is not None and result.estimate is not None, result
     schedule = same_schedule(result.schedule, graph=graph)  # rank 0's, under torch.distributed
     if schedule is not result.schedule:
@@ -339,10 +356,6 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
                                      estimate=simulate(costs_for(graph, execution), schedule),
                                      status=schedule.status, gap=schedule.gap)
     result = dataclasses.replace(result, schedule=stamped(schedule, gm, choice))
-    unconstrained = simulate(graph, Schedule.none(graph)).peak_bytes
-    budget_bytes = parse_budget(budget, unconstrained)
-    runs_here = (graph.meta.get("profile", {}).get("mode") != "fake"
-                 and "parallel" not in graph.meta)
     own = own_peak(gm, model, inputs, budget_bytes, result.estimate, say) if runs_here else None
 
     def build(res: SolveResult) -> nn.Module:
@@ -363,9 +376,10 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
 
     if execution != "compiled" or not measure_compiled:
         module = build(result)
-    elif runs_here and not process_group()[0]:
+    elif fit_here:
         say("compiling the plan to measure its peak")
-        fit = fit_compiled(result.budget_bytes, result.budget_bytes, unconstrained, solved,
+        fit = fit_compiled(int(budget_bytes * (1 - headroom)), result.budget_bytes,
+                           unconstrained, solved,
                            lambda res: compile_and_measure(
                                build(res), inputs, loss_fn=gm.meta["scheduler"].loss_fn),
                            progress=say)

@@ -112,9 +112,37 @@ def test_no_plan_within_the_budget_raises_naming_the_least_measured_peak() -> No
     assert info.value.min_feasible_bytes >= 3 * floor.value.min_feasible_bytes
 
 
-def test_nothing_fitting_the_first_target_is_the_solvers_own_error() -> None:
-    with pytest.raises(InfeasibleBudgetError, match="is infeasible"):
-        fit(int(0.1 * UNSCHEDULED), Measured(1.0))
+def least_predicted_peak() -> int:
+    with pytest.raises(InfeasibleBudgetError) as info:
+        solve_at(1)
+    return info.value.min_feasible_bytes
+
+
+def test_below_every_predicted_peak_the_least_plan_is_compiled_and_kept_where_it_fits() -> None:
+    floor = least_predicted_peak()
+    budget = int(0.9 * floor)  # (no plan's eager prediction fits)
+    measured = Measured(0.8)
+    got = fit(budget, measured)
+    assert got.peak_bytes == measured.peak(got.result.schedule) <= budget
+    assert got.result.estimate.peak_bytes > budget
+    assert got.tries[0].target_bytes == floor
+
+
+def test_below_every_predicted_peak_a_least_plan_measured_over_raises_naming_it() -> None:
+    floor = least_predicted_peak()
+    measured = Measured(1.0)
+    with pytest.raises(InfeasibleBudgetError, match="measure_compiled=False") as info:
+        fit(int(0.5 * floor), measured)
+    assert measured.calls == 1  # (the least plan, once: nothing lower to solve at)
+    assert info.value.min_feasible_bytes == measured.peak(solve_at(floor).schedule)
+
+
+def test_a_budget_with_no_least_plan_named_is_the_solvers_own_error() -> None:
+    def no_floor(target: int) -> Any:
+        raise InfeasibleBudgetError("nothing at all", budget_bytes=target, min_feasible_bytes=None)
+
+    with pytest.raises(InfeasibleBudgetError, match="nothing at all"):
+        fit_compiled(100, 100, UNSCHEDULED, no_floor, Measured(1.0))
 
 
 def test_a_plan_met_again_is_not_measured_again() -> None:
