@@ -21,11 +21,12 @@ training steps, all on one torch thread:
   merged into the lower), run eagerly; a plan whose eager peak measures above its budget is
   solved again at the budget less the excess (`our_plan`);
 * ``ours B compiled``: at the compile peaks and below them, our plan for compiled execution
-  (``execution="compiled"``: replays priced as under ``torch.compile``, `cost.compiled`) run
-  as ``torch.compile(plan.module)``, solved again below B while its compiled peak measures
-  above it (`our_compiled_plan`); and ``ours none compiled``, our module without
-  checkpointing compiled, the compiled base whose measured step the compiled plans'
-  predictions start from (`compiled_step_ratios`).
+  run as ``torch.compile(plan.module)``, found as ``solve(..., execution="compiled")`` finds
+  it: a few candidate plans compiled and measured, the fastest whose compiled peak measures
+  within B kept (`our_compiled_plan`, `scheduler.compiled_fit.fit_compiled`; tried where
+  no eager plan fits B too); and ``ours none compiled``, our module without checkpointing
+  compiled, the compiled base whose measured step the compiled plans' predictions start from
+  (`compiled_step_ratios`).
 
 Step times are medians over ``--rounds`` interleaved rounds (each round runs every variant
 once) and are given over ``none``'s. Every variant's peak is measured the same way, from the
@@ -82,6 +83,7 @@ from _peers_variants import (
 
 import scheduler
 from scheduler.budget import InfeasibleBudgetError
+from scheduler.compiled_fit import fit_compiled
 from scheduler.cost.compiled import compiled_costs
 from scheduler.cost.simulate import simulate
 from scheduler.ir.schedule import Schedule
@@ -151,30 +153,34 @@ def our_plan(graph: Any, model: Any, inputs: tuple[Any, ...], budget: int, *,
 
 
 def our_compiled_plan(graph: Any, model: Any, inputs: tuple[Any, ...], budget: int, *,
-                      time_limit_s: float, predicted: Any) -> Variant | None:
-    """``torch.compile`` of our plan for compiled execution (``execution="compiled"``: what a
-    replay costs compiled, `cost.compiled`) whose compiled peak, measured by the profiler's
-    memory events, is at most ``budget``: solved at ``budget``, and where inductor's own
-    buffers take it above (the cost model predicts the eager step's peak), solved again at
-    ``budget`` less the compiled excess, up to `RESOLVE` times. The last try when none of
-    them measures within ``budget``; None when nothing fits even the eager prediction."""
-    target, c = budget, None
-    for attempt in range(RESOLVE + 1):
-        try:
-            result = scheduler.solve_graph(graph, target, time_limit_s=time_limit_s,
-                                           execution="compiled")
-        except InfeasibleBudgetError:
-            break
+                      time_limit_s: float, predicted: Any, ceiling: int) -> Variant | None:
+    """``torch.compile`` of our plan for compiled execution, found as ``solve(...,
+    execution="compiled")`` finds it (`scheduler.compiled_fit.fit_compiled`): candidate plans
+    (``execution="compiled"``: replays priced as under ``torch.compile``, `cost.compiled`)
+    compiled and their peaks measured by the profiler's memory events, the solver's target
+    moved by each measurement, the one with the least compiled recompute whose compiled peak
+    is at most ``budget`` kept (``ceiling``: the unscheduled predicted peak, the highest
+    target worth solving at). None when no plan's compiled peak measures within
+    ``budget``."""
+    def solve_at(target: int) -> Any:
+        return scheduler.solve_graph(graph, target, time_limit_s=time_limit_s,
+                                     execution="compiled")
+
+    def build_and_measure(result: Any) -> tuple[Variant, int]:
         c = Variant(f"ours {budget / 2**20:.3f} MiB compiled", "ours compiled", None,  # type: ignore
                     inputs, compiled=True, budget_bytes=budget,
-                    predicted=predicted(result.schedule, "compiled"),
-                    note="solved again below the budget" if attempt else "")
+                    predicted=predicted(result.schedule, "compiled"))
         c.module = compiled(scheduler.apply(model, result.schedule, inputs), None, c.graphs)
         c.step()
         c.peaks = peaks(c)
-        if c.peaks[0] <= budget:
-            break
-        target -= c.peaks[0] - budget
+        return c, c.peaks[0]
+
+    try:
+        fit = fit_compiled(budget, budget, ceiling, solve_at, build_and_measure, progress=say)
+    except InfeasibleBudgetError:
+        return None
+    c: Variant = fit.module
+    c.note = f"{len(fit.tries)} plan{'' if len(fit.tries) == 1 else 's'} compiled"
     return c
 
 
@@ -242,20 +248,22 @@ def race(key: str, *, quick: bool, compile_budgets: tuple[float, ...], rounds: i
     else:  # (no compiled variants: fractions of the unscheduled step's measured peak)
         wanted = [(int(variants[0].peaks[0] * f), False) for f in NO_COMPILE]
     wanted += [(v.peaks[0], False) for v in variants if v.family == "user" and v.name != "none"]
-    infeasible = []
+    infeasible, no_compiled = [], []
     for budget, with_compiled in merged(wanted):
         say(f"{label}: solving at {budget} bytes")
         ours = our_plan(graph, model, inputs, budget, time_limit_s=time_limit_s,
                         predicted=predicted)
         if ours is None:
             infeasible.append(budget)
-            continue
-        variants.append(ours)
+        else:
+            variants.append(ours)
         if compile_plans and with_compiled:
             say(f"{label}: compiling our plan for {budget} bytes")
             c = our_compiled_plan(graph, model, inputs, budget, time_limit_s=time_limit_s,
-                                  predicted=predicted)
-            if c is not None:
+                                  predicted=predicted, ceiling=unscheduled.peak_bytes)
+            if c is None:
+                no_compiled.append(budget)
+            else:
                 variants.append(c)
     say(f"{label}: timing {len(variants)} variants")
     times = time_rounds(variants, rounds, say)
@@ -269,7 +277,8 @@ def race(key: str, *, quick: bool, compile_budgets: tuple[float, ...], rounds: i
                          peak=v.peaks[0], tracked=v.peaks[1], step_s=step, note=v.note,
                          ratio=step / base, graphs=v.graphs[0] if v.compiled else None,
                          **{f"predicted_{k}": x for k, x in v.predicted.items()}))
-    return dict(key=key, label=label, rows=rows, infeasible=infeasible, rounds=rounds,
+    return dict(key=key, label=label, rows=rows, infeasible=infeasible,
+                no_compiled=no_compiled, rounds=rounds,
                 nodes=len(graph.compute_nodes), blocks=len(paths),
                 inputs=graph.meta.get("inputs", ""))
 
@@ -427,8 +436,11 @@ def main(argv: list[str] | None = None) -> int:
         tables = [table(res), matched(res)]
         for t in tables:
             _print(t)
-        note = (f"\n\nNo plan fits {', '.join(mib(b) for b in res['infeasible'])} MiB."
+        note = (f"\n\nNo eager plan fits {', '.join(mib(b) for b in res['infeasible'])} MiB."
                 if res["infeasible"] else "")
+        if res["no_compiled"]:
+            note += (f"\n\nNo compiled plan measured within "
+                     f"{', '.join(mib(b) for b in res['no_compiled'])} MiB.")
         parts.append("\n\n".join(_record.markdown_table(t) for t in tables) + note)
     if results:
         plot(results, args.png)
