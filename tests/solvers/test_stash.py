@@ -59,6 +59,24 @@ def test_no_room_for_the_stash_returns_the_plan_that_fits_without_it(recorded_gr
         scheduler.solve_graph(graph, 1.0, solver="greedy")  # (nothing recomputed: no stash)
 
 
+def test_compiled_execution_holds_no_room_for_the_eager_stash(recorded_graph) -> None:
+    """Compiled, dynamo's checkpoint keeps no RNG state (inductor's seeds replay dropout), so
+    the plan at greedy's least budget comes back without the eager stash's warning."""
+    graph = recorded_graph("gpt")
+    _random(graph, every=1)
+    with pytest.raises(scheduler.InfeasibleBudgetError) as nothing:
+        scheduler.solve_graph(graph, 1, solver="greedy", execution="compiled")
+    least = nothing.value.min_feasible_bytes
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        result = scheduler.solve_graph(graph, least, solver="greedy", execution="compiled")
+    s = result.schedule
+    assert s.recompute_regions and s.meta["execution"] == "compiled"
+    assert "rng_stash_bytes" not in s.meta and result.estimate.peak_bytes <= least
+    with pytest.warns(RuntimeWarning, match="plus the RNG state"):  # (eager, it is said)
+        scheduler.solve_graph(graph, least, solver="greedy")
+
+
 def test_the_solves_share_one_time_limit(recorded_graph, monkeypatch) -> None:
     """Solving again for room costs no more time than the limit the caller gave (each solve
     had the whole limit, so four took up to four times it). Here each solve spends 80% of the
