@@ -11,11 +11,12 @@ to the budget (`scheduler.compiled_fit`). Beside what it reports, the plan's com
 measured again independently: dynamo reset, the FX-graph and AOT-autograd caches off, a new
 ``torch.compile(plan.module)``, its peak from the profiler's memory events
 (`measurement.compiled.compiled_peak`). Columns: the eager cost model's peak of the first
-plan (solved at the budget; "-" where none fits it) and of the plan kept, the compiled peak of the first plan (what
-planning against the eager prediction gave), the plan's reported compiled peak, the peak
-measured again, whether that is within the budget and within 3% of the reported one, how many
-plans were compiled and the solve's wall time. Peaks only, so a loaded machine does not
-change them. ``--write`` replaces the ``compiled_budgets`` section of ``docs/benchmarks.md``.
+plan (solved at the budget; "-" where none fits it) and of the plan kept, the compiled peak
+of the first plan (what planning against the eager prediction gave), the plan's reported
+compiled peak, the peak measured again, whether that is within the budget and within 3% of
+the reported one, how many plans were compiled and the solve's wall time. Peaks only, so a
+loaded machine does not change them. ``--write`` replaces the ``compiled_budgets`` section of
+``docs/benchmarks.md`` (or ``--section``'s).
 """
 
 from __future__ import annotations
