@@ -32,7 +32,6 @@ from .report import plot_timeline
 from .reapply import apply
 from .rewrite import check_on_fallback
 from .solvers.base import INFEASIBLE, SolveResult, get_solver
-from .solvers.certify import solve_and_certify
 from .solvers.stash import solve_with_rng_stash
 from .step_checks import INPUT_SHAPES, input_shapes, own_peak
 from .units import UnitChoice, profile_units, warm_up
@@ -183,8 +182,8 @@ def solve_graph(graph: CostGraph | str | Path, budget: int | float | str, *,
             ``"eager"`` (default: as profiled) or ``"compiled"``, for ``torch.compile`` of the
             plan's module (`cost.compiled`: matmuls, convolutions and attention replay at
             their eager time, the ops that fuse into backward's kernels and the checkpoint's
-            machinery cost nothing; no room is held for eager's RNG stash, `solvers.stash`).
-            Peaks are the eager cost model's either way.
+            machinery cost nothing, and it stashes no RNG state). Peaks are the eager cost
+            model's either way.
 
     Returns:
         The solver's `SolveResult`, certified: ``OPTIMAL`` or ``FEASIBLE`` over the full
@@ -208,9 +207,7 @@ def solve_graph(graph: CostGraph | str | Path, budget: int | float | str, *,
     unconstrained = simulate(costs, Schedule.none(costs)).peak_bytes
     budget_bytes = parse_budget(budget, unconstrained)
     target = int(budget_bytes * (1 - headroom))
-    # (compiled, dynamo's checkpoint stashes no RNG state: inductor's seeds replay dropout)
-    result = (solve_with_rng_stash(costs, target, solver, time_limit_s) if execution == "eager"
-              else solve_and_certify(costs, target, solver, time_limit_s=time_limit_s))
+    result = solve_with_rng_stash(costs, target, solver, time_limit_s)
     if result.status == INFEASIBLE:
         raise infeasible_error(costs, solver, result, budget_bytes, headroom, budget)
     stamp = ({"execution": execution} if execution != "eager" else {}) | (

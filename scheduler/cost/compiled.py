@@ -10,7 +10,9 @@ with the replayed ops in it. What a replay then costs differs from eager in thre
   reads its result, so replaying it costs about nothing beyond reading its inputs instead of
   the saved output;
 * the checkpoint's own machinery (the call, its saved-tensor hooks, a selective policy's
-  dispatch) does not run at all.
+  dispatch) does not run at all, nor does it stash the RNG state (dynamo's checkpoint sets
+  ``preserve_rng_state=False``; inductor's seeds replay random ops), so the graph has no
+  ``meta["rng"]`` (`cost.rng`) and `solvers.stash` holds back no room for it.
 
 So a node's replay costs ``time_s * flop_share`` (`Node.flop_share`, recorded by the
 profile), and regions cost nothing of their own. Memory is the same as the eager cost
@@ -29,6 +31,7 @@ import warnings
 from dataclasses import replace
 
 from ..ir.graph import CostGraph
+from .rng import RNG_META
 
 __all__ = ["EXECUTIONS", "CompiledCostWarning", "check_execution", "compiled_costs", "costs_for"]
 
@@ -42,8 +45,9 @@ class CompiledCostWarning(UserWarning):
 
 def compiled_costs(graph: CostGraph, *, step_s: float | None = None) -> CostGraph:
     """``graph`` with each node's forward time its compiled replay cost, ``time_s *
-    flop_share``, and no per-region checkpoint costs or selective-policy dispatch; the same
-    nodes, storages and events, so the same peaks and the same fingerprint.
+    flop_share``, no per-region checkpoint costs or selective-policy dispatch and no RNG
+    stash (`RNG_META` dropped from its meta); the same nodes, storages and events, so the
+    same peaks and the same fingerprint.
 
     Nodes recorded without a share (graphs profiled before it was recorded) keep their eager
     time, with a `CompiledCostWarning` naming how many and the fix (profile again).
@@ -67,7 +71,8 @@ def compiled_costs(graph: CostGraph, *, step_s: float | None = None) -> CostGrap
                      sac_s=None) for n in graph.nodes]
     return replace(graph, nodes=nodes, checkpoint_call_s=0.0, checkpoint_saved_s=0.0,
                    measured_step_s=graph.measured_step_s if step_s is None else float(step_s),
-                   meta={**graph.meta, "execution": "compiled"})
+                   meta={**{k: v for k, v in graph.meta.items() if k != RNG_META},
+                         "execution": "compiled"})
 
 
 def check_execution(execution: object) -> str:
