@@ -31,6 +31,7 @@ from .program import Program
 from .record import Rec, Recorder, build_graph, device_of, profile_traced
 from .roofline import device_spec as device_spec_of
 from .roofline import roofline_s
+from .scratch import warn_fake_scratch
 from .timing import checkpoint_costs
 from .trace import TraceError, preserved_state, trace
 
@@ -200,6 +201,7 @@ def profile_step(model: nn.Module, example_inputs: Any, *,
     g.meta["device"] = str(fake.device)
     g.meta["profile"] = {"mode": "fake", "why": why}
     g.meta["times"] = fake_times
+    warn_fake_scratch(model, g, fake.device)
     if fake.device.type == own_device.type and fake.device.type != "meta":
         g.checkpoint_call_s, g.checkpoint_saved_s = checkpoint_costs(fake.device)
     return gm, g, inputs

@@ -23,6 +23,7 @@ A fake profile runs no kernel and so has no scratch (``meta["scratch"]`` is abse
 
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import replace
 from typing import Any, Callable
@@ -38,13 +39,23 @@ from ..measurement.compiled import memory_timeline
 from .program import Program
 from .timing import GradFnIndex
 
-__all__ = ["ScratchWarning", "kernel_rises", "record_scratch", "without_scratch"]
+__all__ = ["ScratchWarning", "convolution_nodes", "kernel_rises", "record_scratch",
+           "warn_fake_scratch", "without_scratch"]
 
 _MARK = "scheduler.scratch."
 
 
 class ScratchWarning(UserWarning):
-    """A real profile could not measure kernels' scratch (`record_scratch`)."""
+    """Kernels' scratch is not in a profile: a real one could not measure it
+    (`record_scratch`), or a fake one of a model with convolutions cannot see it
+    (`warn_fake_scratch`)."""
+
+
+#: the modules whose kernels allocate scratch inside themselves (oneDNN, cuDNN)
+CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+                nn.ConvTranspose3d)
+#: a functional or ATen convolution among a graph's call targets
+_CONV_TARGET = re.compile(r"conv(olution|_transpose[123]d|[123]d)\b")
 
 
 def kernel_rises(prog: Program, model: nn.Module, inputs: tuple[Any, ...],
@@ -216,6 +227,35 @@ def _unmeasured(why: str) -> dict[str, Any]:
                   "count; solve with headroom (e.g. headroom=0.1) for convolutional models",
                   ScratchWarning, stacklevel=4)
     return {"error": f"not measured: {why}"}
+
+
+def convolution_nodes(model: nn.Module, g: CostGraph) -> list[str]:
+    """The nodes of ``g`` that run a convolution: a convolution module of ``model`` (fx), or a
+    functional or ATen one (export)."""
+    convs = {path for path, m in model.named_modules() if isinstance(m, CONVOLUTIONS)}
+    return [n.name for n in g.nodes
+            if (n.op == "call_module" and n.module_path in convs)
+            or (n.op != "call_module" and _CONV_TARGET.search(n.target))]
+
+
+def warn_fake_scratch(model: nn.Module, g: CostGraph, device: torch.device) -> None:
+    """Warn when a fake profile ``g`` of ``model`` has convolutions: their kernels' scratch
+    (cuDNN's workspaces on CUDA, oneDNN's on CPU) is memory no fake tensor allocates, so
+    its predicted peaks, and a plan's, are too low."""
+    convs = convolution_nodes(model, g)
+    if not convs:
+        return
+    kernels = "cuDNN's workspaces" if device.type == "cuda" else "oneDNN's scratch"
+    first = next(n for n in g.nodes if n.name == convs[0])
+    warnings.warn(
+        f"{g.name} has {len(convs)} convolution(s) (first {first.module_path or first.name!r}),"
+        " and a fake profile "
+        f"cannot see the memory their kernels allocate inside themselves ({kernels} on "
+        f"{device}): its predicted peaks count the tensors only, and a plan from it may "
+        "exceed its budget (on an H200, a small U-Net's plans from a fake profile measured "
+        "41-58% over their predicted peaks). Profile on the device you train on with "
+        "mode='real' (it measures the scratch), or solve with headroom and check the plan "
+        "with scheduler.measure", ScratchWarning, stacklevel=4)
 
 
 def without_scratch(g: CostGraph) -> CostGraph:

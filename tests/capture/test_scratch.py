@@ -133,3 +133,41 @@ def test_a_fake_profile_records_no_scratch() -> None:
     model, inputs = build(batch=64, dim=32, depth=2)
     g = scheduler.profile(model, inputs, mode="fake", times="roofline", device_spec="cpu")
     assert "scratch" not in g.meta
+
+
+class _Convs(torch.nn.Module):
+    """One convolution module, one functional convolution, and a linear layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.weight = torch.nn.Parameter(torch.randn(4, 4, 3, 3) * 0.1)
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.conv2d(torch.relu(self.conv(x)), self.weight, padding=1)
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def test_a_fake_profile_of_convolutions_warns_that_it_misses_their_scratch() -> None:
+    import scheduler.capture.scratch as scratch
+
+    model, x = _Convs(), torch.randn(2, 3, 8, 8)
+    with pytest.warns(scratch.ScratchWarning, match=r"2 convolution\(s\) \(first 'conv'\).*"
+                      r"oneDNN's scratch on cpu.*mode='real'"):
+        g = scheduler.profile(model, (x,), mode="fake", times="roofline", device_spec="cpu")
+    assert len(scratch.convolution_nodes(model, g)) == 2
+    with warnings.catch_warnings():  # a real profile measures it: nothing to warn of
+        warnings.simplefilter("error", scratch.ScratchWarning)
+        scheduler.profile(model, (x,), mode="real", repeats=1)
+
+
+def test_a_fake_profile_without_convolutions_does_not_warn_of_scratch() -> None:
+    from examples.mlp import build
+
+    import scheduler.capture.scratch as scratch
+
+    model, inputs = build(batch=64, dim=32, depth=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", scratch.ScratchWarning)
+        scheduler.profile(model, inputs, mode="fake", times="roofline", device_spec="cpu")
