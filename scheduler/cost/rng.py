@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..ir.graph import CostGraph
 from ..ir.schedule import RECOMPUTE, Region, Schedule
 
-__all__ = ["RNG_META", "random_nodes", "rng_stash_bytes"]
+__all__ = ["RNG_META", "random_nodes", "rng_stash_bytes", "rng_stash_guess"]
 
 #: ``graph.meta`` key: ``{"state_bytes": int, "nodes": [names that may draw]}``
 RNG_META = "rng"
@@ -39,3 +39,16 @@ def rng_stash_bytes(graph: CostGraph, schedule: Schedule) -> int:
         return times * (1 + len(region.save)) + sum(count(r, 2 * times) for r in region.inner)
 
     return size * sum(count(r, 1) for r in schedule.regions)
+
+
+def rng_stash_guess(graph: CostGraph) -> int:
+    """A first guess of the stash a plan keeps, before there is a plan: one RNG state for each
+    repeated block that holds a node that may draw random numbers, and one for each such node
+    outside blocks (a plan's recompute regions mostly span blocks, as `every_block`'s do). Not
+    a bound: save sets and nesting stash more, and regions that keep their random nodes
+    none. 0 for a graph without ``meta["rng"]``."""
+    size, rand = int(graph.meta.get(RNG_META, {}).get("state_bytes", 0)), random_nodes(graph)
+    if not size or not rand:
+        return 0
+    blocks = {(n.block, "") if n.block else ("", n.name) for n in graph.nodes if n.name in rand}
+    return size * len(blocks)

@@ -2,9 +2,9 @@
 
 The stash (`cost.rng.rng_stash_bytes`) is memory of the step that the simulated peak leaves
 out, and how much of it there is depends on the schedule: which recompute regions hold a node
-that may draw random numbers. `solve_with_rng_stash` therefore solves, prices the stash of
-what it got, and solves again with that much held back from the budget until the peak and
-the stash together fit.
+that may draw random numbers. `solve_with_rng_stash` therefore solves with room held back for
+a first guess of it, prices the stash of what it got, and solves again with that much more
+held back until the peak and the stash together fit.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import dataclasses
 import time
 import warnings
 
-from ..cost.rng import rng_stash_bytes
+from ..cost.rng import rng_stash_bytes, rng_stash_guess
 from ..ir.graph import CostGraph
 from ..quantities import format_bytes
 from .base import INFEASIBLE, SolveResult
@@ -29,16 +29,24 @@ _LEAST_S = 0.2
 
 def solve_with_rng_stash(costs: CostGraph, target: int, solver: str,
                          time_limit_s: float | None) -> SolveResult:
-    """`solve_and_certify` at ``target``, then again with room held back for the RNG state
-    the plan's checkpoints stash (`cost.rng.rng_stash_bytes`: an upper bound, outside the
-    simulated peak) until the two together fit ``target``. The schedule's
+    """`solve_and_certify` at ``target`` less a first guess of the RNG state the plan's
+    checkpoints stash (`cost.rng.rng_stash_guess`), then, while the plan's peak and its stash
+    (`cost.rng.rng_stash_bytes`: an upper bound, outside the simulated peak) together exceed
+    ``target``, again with that much more held back. The schedule's
     ``meta["rng_stash_bytes"]`` records the stash, ``meta["rng_reserve_bytes"]`` the room held
-    back (its status and gap are then over the budget less that room); its budget is
-    ``target``. The solves share ``time_limit_s``. When no schedule leaves that room (within
-    `STASH_TRIES` solves and the time limit), the plan that fits without it is returned, with
-    a RuntimeWarning (attributed two frames up: to the code that called `plan.solve_graph`)
-    naming how far over the two go."""
-    reserve, fits = 0, None
+    back (its status and gap are over the budget less that room); its budget is ``target``.
+
+    The solves share ``time_limit_s``, with one exception: where no schedule leaves the
+    guessed room and none is proven not to fit ``target`` either (a budget within the guess of
+    the least feasible one), it solves once more without the room, with the whole time limit
+    again. When no schedule leaves room for the stash (within `STASH_TRIES` solves and the time
+    limit), the plan that fits without it is returned, with a RuntimeWarning (attributed two
+    frames up: to the code that called `plan.solve_graph`) naming how far over the two go.
+
+    Guessing first keeps the common case to one solve: solving first without room left a
+    solve that used its whole time limit (a slow machine) none for the second, and so warned
+    of a stash the guess would have held."""
+    reserve, fits = rng_stash_guess(costs), None
     started = time.perf_counter()
     for _ in range(STASH_TRIES):
         # (the solves share the one time limit: `time_limit_s` is a promise for the call)
@@ -50,6 +58,9 @@ def solve_with_rng_stash(costs: CostGraph, target: int, solver: str,
                 break
         result = solve_and_certify(costs, target - reserve, solver, time_limit_s=limit)
         if result.status == INFEASIBLE or result.schedule is None or result.estimate is None:
+            if fits is None and reserve and not _beyond(result, target):
+                reserve = 0  # (the guess left no room: the plan without it, then its stash)
+                continue
             if fits is None:
                 return result
             result = fits  # (room for the stash cannot be had: the plan that fits without it)
@@ -74,3 +85,11 @@ def solve_with_rng_stash(costs: CostGraph, target: int, solver: str,
         f"found; give a budget {format_bytes(over)} higher to be sure it holds by the "
         f"allocator's count", RuntimeWarning, stacklevel=3)
     return result
+
+
+def _beyond(result: SolveResult, target: int) -> bool:
+    """Whether an INFEASIBLE ``result`` proves that nothing fits ``target`` either: its floor's
+    proven lower bound, or the exact minimum its solver found, lies above it."""
+    if result.floor is not None:
+        return result.floor.lower_bound_bytes > target
+    return result.min_feasible_bytes is not None and result.min_feasible_bytes > target
