@@ -14,7 +14,9 @@ import time
 import warnings
 
 from ..cost.rng import rng_stash_bytes, rng_stash_guess
+from ..cost.simulate import simulate
 from ..ir.graph import CostGraph
+from ..ir.schedule import Schedule
 from ..quantities import format_bytes
 from .base import INFEASIBLE, SolveResult
 from .certify import solve_and_certify
@@ -46,7 +48,9 @@ def solve_with_rng_stash(costs: CostGraph, target: int, solver: str,
     Guessing first keeps the common case to one solve: solving first without room left a
     solve that used its whole time limit (a slow machine) none for the second, and so warned
     of a stash the guess would have held."""
-    reserve, fits = rng_stash_guess(costs), None
+    # (where the unscheduled step fits, keeping everything stashes nothing: no room to guess)
+    unscheduled = simulate(costs, Schedule.none(costs), timeline=False).peak_bytes
+    reserve, fits = rng_stash_guess(costs) if unscheduled > target else 0, None
     started = time.perf_counter()
     for _ in range(STASH_TRIES):
         # (the solves share the one time limit: `time_limit_s` is a promise for the call)

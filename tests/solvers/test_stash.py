@@ -145,3 +145,12 @@ def test_a_first_solve_that_takes_the_whole_limit_still_leaves_room_for_the_stas
         result = scheduler.solve_graph(graph, budget, time_limit_s=4)
     assert len(given) == 1 and given[0] < budget
     assert result.estimate.peak_bytes + _stash(result.schedule, rand) <= budget
+
+
+def test_a_budget_the_unscheduled_step_fits_holds_back_no_guess(recorded_graph) -> None:
+    """Keeping everything stashes nothing, so no room is guessed where the model fits."""
+    graph = recorded_graph("gpt")
+    _random(graph)
+    result = scheduler.solve_graph(graph, unscheduled_peak(graph), time_limit_s=10)
+    assert result.estimate.recompute_s == 0 and not result.schedule.recompute_regions
+    assert result.schedule.meta["rng_reserve_bytes"] == 0
