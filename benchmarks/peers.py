@@ -397,6 +397,10 @@ def main(argv: list[str] | None = None) -> int:
                              "our plans at fractions of none's measured peak instead)")
     parser.add_argument("--time-limit", type=float, default=None,
                         help="our solver's time limit per budget, seconds (default 30; quick 2)")
+    parser.add_argument("--compile-budgets", default=None,
+                        help="comma-separated activation_memory_budget values to race (default "
+                             f"{','.join(map(str, COMPILE_BUDGETS))}; quick 1.0,0.4): fewer "
+                             "compile, for a run that must fit a time limit")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the race runs: cpu (default) or cuda (peaks from "
                              "torch.cuda.max_memory_allocated)")
@@ -423,6 +427,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     fresh_compiles()
     budgets = () if args.no_compile else ((1.0, 0.4) if args.quick else COMPILE_BUDGETS)
+    if args.compile_budgets is not None and not args.no_compile:
+        try:
+            budgets = tuple(float(b) for b in args.compile_budgets.split(",") if b.strip())
+        except ValueError:
+            budgets = ()
+        if not budgets or any(not 0 <= b <= 1 for b in budgets):
+            parser.error(f"--compile-budgets must be fractions in [0, 1], comma-separated, "
+                         f"got {args.compile_budgets!r}")
     results, parts = [], []
     for key in keys:
         if key == "hf_gpt2" and importlib.util.find_spec("transformers") is None:

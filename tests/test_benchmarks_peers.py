@@ -101,6 +101,26 @@ def test_an_unknown_device_is_refused() -> None:
         raise AssertionError("--device tpu was accepted")
 
 
+@pytest.mark.parametrize("bad", ("1.5", "x", ","))
+def test_compile_budgets_outside_zero_to_one_are_refused_by_value(bad, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        peers.main(["--examples", "gpt", "--compile-budgets", bad])
+    assert e.value.code == 2 and f"got {bad!r}" in capsys.readouterr().err
+
+
+def test_compile_budgets_are_the_ones_raced(monkeypatch) -> None:
+    class Raced(Exception):
+        pass
+
+    def race(key, **kwargs):
+        raise Raced(kwargs["compile_budgets"])
+
+    monkeypatch.setattr(peers, "race", race)
+    with pytest.raises(Raced) as e:
+        peers.main(["--examples", "gpt", "--compile-budgets", "1.0,0.2"])
+    assert e.value.args[0] == (1.0, 0.2)
+
+
 def test_device_of_is_the_first_parameters_device() -> None:
     assert _peers_variants.device_of(torch.nn.Linear(2, 2)).type == "cpu"
     assert _peers_variants.device_of(torch.nn.ReLU()).type == "cpu"  # (no parameters)
