@@ -207,7 +207,8 @@ def solve_graph(graph: CostGraph | str | Path, budget: int | float | str, *,
     unconstrained = simulate(costs, Schedule.none(costs)).peak_bytes
     budget_bytes = parse_budget(budget, unconstrained)
     target = int(budget_bytes * (1 - headroom))
-    result = solve_with_rng_stash(costs, target, solver, time_limit_s)
+    result = solve_with_rng_stash(costs, target, solver, time_limit_s,
+                                  unscheduled_bytes=unconstrained)
     if result.status == INFEASIBLE:
         raise infeasible_error(costs, solver, result, budget_bytes, headroom, budget)
     stamp = ({"execution": execution} if execution != "eager" else {}) | (

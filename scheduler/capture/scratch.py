@@ -246,7 +246,7 @@ def warn_fake_scratch(model: nn.Module, g: CostGraph, device: torch.device) -> N
     if not convs:
         return
     kernels = "cuDNN's workspaces" if device.type == "cuda" else "oneDNN's scratch"
-    first = next(n for n in g.nodes if n.name == convs[0])
+    first = g.node(convs[0])
     warnings.warn(
         f"{g.name} has {len(convs)} convolution(s) (first {first.module_path or first.name!r}),"
         " and a fake profile "

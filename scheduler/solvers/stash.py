@@ -14,9 +14,7 @@ import time
 import warnings
 
 from ..cost.rng import rng_stash_bytes, rng_stash_guess
-from ..cost.simulate import simulate
 from ..ir.graph import CostGraph
-from ..ir.schedule import Schedule
 from ..quantities import format_bytes
 from .base import INFEASIBLE, SolveResult
 from .certify import solve_and_certify
@@ -30,7 +28,7 @@ _LEAST_S = 0.2
 
 
 def solve_with_rng_stash(costs: CostGraph, target: int, solver: str,
-                         time_limit_s: float | None) -> SolveResult:
+                         time_limit_s: float | None, *, unscheduled_bytes: int) -> SolveResult:
     """`solve_and_certify` at ``target`` less a first guess of the RNG state the plan's
     checkpoints stash (`cost.rng.rng_stash_guess`), then, while the plan's peak and its stash
     (`cost.rng.rng_stash_bytes`: an upper bound, outside the simulated peak) together exceed
@@ -48,9 +46,9 @@ def solve_with_rng_stash(costs: CostGraph, target: int, solver: str,
     Guessing first keeps the common case to one solve: solving first without room left a
     solve that used its whole time limit (a slow machine) none for the second, and so warned
     of a stash the guess would have held."""
-    # (where the unscheduled step fits, keeping everything stashes nothing: no room to guess)
-    unscheduled = simulate(costs, Schedule.none(costs), timeline=False).peak_bytes
-    reserve, fits = rng_stash_guess(costs) if unscheduled > target else 0, None
+    # (where the unscheduled step fits, ``unscheduled_bytes`` (its simulated peak, which the
+    # caller has), keeping everything stashes nothing: no room to guess)
+    reserve, fits = rng_stash_guess(costs) if unscheduled_bytes > target else 0, None
     started = time.perf_counter()
     for _ in range(STASH_TRIES):
         # (the solves share the one time limit: `time_limit_s` is a promise for the call)
