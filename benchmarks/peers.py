@@ -278,7 +278,7 @@ def race(key: str, *, quick: bool, compile_budgets: tuple[float, ...], rounds: i
                          ratio=step / base, graphs=v.graphs[0] if v.compiled else None,
                          **{f"predicted_{k}": x for k, x in v.predicted.items()}))
     return dict(key=key, label=label, rows=rows, infeasible=infeasible,
-                no_compiled=no_compiled, rounds=rounds,
+                no_compiled=no_compiled, rounds=rounds, device=device,
                 nodes=len(graph.compute_nodes), blocks=len(paths),
                 inputs=graph.meta.get("inputs", ""))
 
@@ -311,7 +311,9 @@ def table(result: dict[str, Any]) -> Any:
     t = Table(title=f"{result['label']}: {result['nodes']} nodes, {result['blocks']} blocks, "
                     f"inputs {result['inputs']}; medians of {result['rounds']} interleaved "
                     f"rounds, 1 thread", title_justify="left")
-    for col in ("variant", "budget MiB", "peak MiB (profiler)", "peak MiB (tracker)", "step",
+    # (on CUDA the peak is the allocator's, `peaks`, and no tracker runs)
+    peak = "peak MiB (allocator)" if result.get("device", "cpu") == "cuda" else "peak MiB (profiler)"
+    for col in ("variant", "budget MiB", peak, "peak MiB (tracker)", "step",
                 "x none", "predicted x none", "predicted / measured step",
                 "predicted peak MiB", "graphs"):
         t.add_column(col, justify="left" if col == "variant" else "right")

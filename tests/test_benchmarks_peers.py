@@ -139,3 +139,13 @@ def test_a_compiled_plans_predicted_step_is_the_compiled_base_plus_its_compiled_
     assert vs[1].predicted["step_ratio"] == pytest.approx(0.03 / 0.05)
     assert vs[2].predicted["step_ratio"] == pytest.approx((0.03 + 0.004 * 1.25) / 0.05)
     assert vs[3].predicted["step_ratio"] == 1.2  # (an eager plan keeps its own)
+
+
+@pytest.mark.parametrize("device,label", (("cpu", "peak MiB (profiler)"),
+                                          ("cuda", "peak MiB (allocator)")))
+def test_the_peak_column_names_the_count_of_its_device(device, label) -> None:
+    row = dict(name="none", family="user", budget=None, peak=2**20, tracked=None, step_s=1e-3,
+               note="", ratio=1.0, graphs=None)
+    result = dict(label="GPT", nodes=3, blocks=1, inputs="", rounds=5, rows=[row],
+                  device=device)
+    assert [c.header for c in peers.table(result).columns][2] == label
