@@ -15,7 +15,13 @@ with the replayed ops in it. What a replay then costs differs from eager in thre
   ``meta["rng"]`` (`cost.rng`) and `solvers.stash` holds back no room for it.
 
 So a node's replay costs ``time_s * flop_share`` (`Node.flop_share`, recorded by the
-profile), and regions cost nothing of their own. Memory is the same as the eager cost
+profile), plus `FUSED_REPLAY_SHARE` of the rest of its time, and regions cost nothing of their
+own. That small price is a tie-break, not a measurement: without it every plan that replays
+only fused ops costs nothing, the solver picks among them arbitrarily, and one that replays
+far more than the budget needs ties with one that replays little. Measured, fewer replays won:
+on an H200, three plans of the GPT example priced at zero stepped at 0.94, 1.01 and 1.03x the
+unscheduled eager step, the fastest the one that kept the most (`docs/benchmarks.md`,
+``peers_cuda``). Memory is the same as the eager cost
 model's: every storage and saved tensor as recorded. Inductor often needs less (it frees or
 never materialises fused intermediates) and sometimes more (its own buffers, other kernels'
 scratch); the compiled peak is to be measured (`measurement.compiled.compiled_peak`).
@@ -33,10 +39,16 @@ from dataclasses import replace
 from ..ir.graph import CostGraph
 from .rng import RNG_META
 
-__all__ = ["EXECUTIONS", "CompiledCostWarning", "check_execution", "compiled_costs", "costs_for"]
+__all__ = ["EXECUTIONS", "FUSED_REPLAY_SHARE", "CompiledCostWarning", "check_execution",
+           "compiled_costs", "costs_for"]
 
 #: how a plan's step runs: its time model (`costs_for`)
 EXECUTIONS = ("eager", "compiled")
+
+#: the share of a node's non-FLOP time its compiled replay is priced at: a tie-break between
+#: plans whose FLOP replays cost the same (fewer fused replays first), so small that it
+#: weighs next to a FLOP op's replay only where fused ops take a thousand times its time
+FUSED_REPLAY_SHARE = 1e-3
 
 
 class CompiledCostWarning(UserWarning):
@@ -45,7 +57,7 @@ class CompiledCostWarning(UserWarning):
 
 def compiled_costs(graph: CostGraph, *, step_s: float | None = None) -> CostGraph:
     """``graph`` with each node's forward time its compiled replay cost, ``time_s *
-    flop_share``, no per-region checkpoint costs or selective-policy dispatch and no RNG
+    (flop_share + FUSED_REPLAY_SHARE * (1 - flop_share))``, no per-region checkpoint costs or selective-policy dispatch and no RNG
     stash (`RNG_META` dropped from its meta); the same nodes, storages and events, so the
     same peaks and the same fingerprint.
 
@@ -67,7 +79,8 @@ def compiled_costs(graph: CostGraph, *, step_s: float | None = None) -> CostGrap
             f"flop_share, so their replay under torch.compile is priced at its eager time; "
             f"profile the model again (scheduler profile) to record it",
             CompiledCostWarning, stacklevel=2)
-    nodes = [replace(n, time_s=n.time_s * (1.0 if n.flop_share is None else n.flop_share),
+    nodes = [replace(n, time_s=n.time_s * (1.0 if n.flop_share is None else n.flop_share
+                                           + FUSED_REPLAY_SHARE * (1.0 - n.flop_share)),
                      sac_s=None) for n in graph.nodes]
     return replace(graph, nodes=nodes, checkpoint_call_s=0.0, checkpoint_saved_s=0.0,
                    measured_step_s=graph.measured_step_s if step_s is None else float(step_s),

@@ -19,7 +19,8 @@ import torch.nn as nn
 from _chain import chain
 
 import scheduler
-from scheduler.cost.compiled import CompiledCostWarning, compiled_costs, costs_for
+from scheduler.cost.compiled import (FUSED_REPLAY_SHARE, CompiledCostWarning, compiled_costs,
+                                     costs_for)
 from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import CostGraph, CostGraphError
 from scheduler.ir.schedule import KEEP, RECOMPUTE, Region, Schedule
@@ -56,7 +57,8 @@ def test_a_replay_costs_its_nodes_times_their_share_and_no_checkpoint_machinery(
     eager = simulate(g, s, timeline=False)
     compiled = simulate(compiled_costs(g), s, timeline=False)
     assert eager.recompute_s == pytest.approx(1e-3 + 1.5e-3 + 2e-4 + 3 * 5e-5)
-    assert compiled.recompute_s == pytest.approx(1e-3 * 1.0 + 1.5e-3 * 0.0)
+    # (n2, pointwise, fuses: priced at the tie-break's share of its time only)
+    assert compiled.recompute_s == pytest.approx(1e-3 * 1.0 + 1.5e-3 * FUSED_REPLAY_SHARE)
     assert compiled.peak_bytes == eager.peak_bytes
     assert compiled_costs(g).fingerprint == g.fingerprint
 
@@ -86,6 +88,36 @@ def test_compiled_planning_keeps_matmuls_and_replays_what_fuses() -> None:
     # the two time models choose differently here: eager's choice replays a matmul
     eager_choice_compiled = simulate(costs, for_eager.schedule, timeline=False).recompute_s
     assert eager_choice_compiled > best_compiled + 1e-4
+
+
+def priced(g: CostGraph, share_of) -> CostGraph:
+    """``g`` with each node's time ``share_of(node) * time_s`` and no checkpoint costs."""
+    return replace(g, nodes=[replace(n, time_s=n.time_s * share_of(n), sac_s=None)
+                             for n in g.nodes], checkpoint_call_s=0.0, checkpoint_saved_s=0.0)
+
+
+def test_of_plans_replaying_the_same_flops_the_one_replaying_fewest_fused_ops_is_kept() -> None:
+    # a budget just below the unscheduled peak: many plans fit replaying fused ops only (no
+    # FLOPs), from one pointwise node to most of them; the kept plan replays no FLOP op and,
+    # of those, the least fused time (brute force over every schedule of the chain)
+    g = alternating()
+    flops = priced(g, lambda n: n.flop_share)
+    fused = priced(g, lambda n: 1.0 - n.flop_share)
+    points = list(range(len(g.compute_nodes) + 1))
+    every = [Schedule([Region(p, tuple(g.compute_nodes[a:b])) for a, b, p in spans])
+             for spans in schedules(g, points)]
+    budget = simulate(g, Schedule.none(g), timeline=False).peak_bytes - 1
+    fits = [s for s in every if simulate(g, s, timeline=False).peak_bytes <= budget]
+
+    def key(s: Schedule) -> tuple[float, float]:
+        return (round(simulate(flops, s, timeline=False).recompute_s, 12),
+                simulate(fused, s, timeline=False).recompute_s)
+
+    keys = sorted(key(s) for s in fits)
+    assert len({k[1] for k in keys if k[0] == 0}) > 1  # (the tie is real)
+    got = scheduler.solve_graph(g, budget, execution="compiled", time_limit_s=10).schedule
+    assert key(got)[0] == 0
+    assert key(got)[1] == pytest.approx(keys[0][1])
 
 
 def test_nodes_without_a_share_keep_their_eager_time_and_warn() -> None:
