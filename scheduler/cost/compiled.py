@@ -18,10 +18,11 @@ So a node's replay costs ``time_s * flop_share`` (`Node.flop_share`, recorded by
 profile), plus `FUSED_REPLAY_SHARE` of the rest of its time, and regions cost nothing of their
 own. That small price is a tie-break, not a measurement: without it every plan that replays
 only fused ops costs nothing, the solver picks among them arbitrarily, and one that replays
-far more than the budget needs ties with one that replays little. Measured, fewer replays won:
-on an H200, three plans of the GPT example priced at zero stepped at 0.94, 1.01 and 1.03x the
-unscheduled eager step, the fastest the one that kept the most (`docs/benchmarks.md`,
-``peers_cuda``). Memory is the same as the eager cost
+far more than the budget needs ties with one that replays little. On an H200, three plans of
+the GPT example priced at zero stepped at 0.94, 1.01 and 1.03x the unscheduled eager step,
+the fastest the one that kept the most (`docs/benchmarks.md`, ``peers_cuda``); on the CPU the
+race measured no gain from it (``peers_fit_tiebreak``), and there a compiled step that
+replayed more fused ops was faster (saving costs memory traffic, which is not modelled). Memory is the same as the eager cost
 model's: every storage and saved tensor as recorded. Inductor often needs less (it frees or
 never materialises fused intermediates) and sometimes more (its own buffers, other kernels'
 scratch); the compiled peak is to be measured (`measurement.compiled.compiled_peak`).
