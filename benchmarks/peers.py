@@ -312,7 +312,7 @@ def table(result: dict[str, Any]) -> Any:
                     f"inputs {result['inputs']}; medians of {result['rounds']} interleaved "
                     f"rounds, 1 thread", title_justify="left")
     # (on CUDA the peak is the allocator's, `peaks`, and no tracker runs)
-    peak = "peak MiB (allocator)" if result.get("device", "cpu") == "cuda" else "peak MiB (profiler)"
+    peak = f"peak MiB ({'allocator' if result.get('device') == 'cuda' else 'profiler'})"
     for col in ("variant", "budget MiB", peak, "peak MiB (tracker)", "step",
                 "x none", "predicted x none", "predicted / measured step",
                 "predicted peak MiB", "graphs"):

@@ -18,14 +18,14 @@ So a node's replay costs ``time_s * flop_share`` (`Node.flop_share`, recorded by
 profile), plus `FUSED_REPLAY_SHARE` of the rest of its time, and regions cost nothing of their
 own. That small price is a tie-break, not a measurement: without it every plan that replays
 only fused ops costs nothing, the solver picks among them arbitrarily, and one that replays
-far more than the budget needs ties with one that replays little. On an H200, three plans of
-the GPT example priced at zero stepped at 0.94, 1.01 and 1.03x the unscheduled eager step,
-the fastest the one that kept the most (`docs/benchmarks.md`, ``peers_cuda``); on the CPU the
-race measured no gain from it (``peers_fit_tiebreak``), and there a compiled step that
-replayed more fused ops was faster (saving costs memory traffic, which is not modelled). Memory is the same as the eager cost
-model's: every storage and saved tensor as recorded. Inductor often needs less (it frees or
-never materialises fused intermediates) and sometimes more (its own buffers, other kernels'
-scratch); the compiled peak is to be measured (`measurement.compiled.compiled_peak`).
+far more than the budget needs ties with one that replays little. What it gained was measured
+once on an H200 and once on the CPU, with opposite readings (`docs/benchmarks.md`,
+``peers_cuda`` and ``peers_fit_tiebreak``): what saving a tensor costs in memory traffic, which
+can make replaying fused ops faster than keeping them, is not modelled.
+
+Memory is the same as the eager cost model's: every storage and saved tensor as recorded.
+Inductor often needs less (it frees or never materialises fused intermediates) and sometimes
+more (its own buffers, other kernels' scratch); the compiled peak is to be measured (`measurement.compiled.compiled_peak`).
 
 The time model only ranks schedules: every schedule runs forward once, so step time differs
 between schedules by recompute alone. With ``step_s``, a measured step of the compiled
@@ -58,9 +58,9 @@ class CompiledCostWarning(UserWarning):
 
 def compiled_costs(graph: CostGraph, *, step_s: float | None = None) -> CostGraph:
     """``graph`` with each node's forward time its compiled replay cost, ``time_s *
-    (flop_share + FUSED_REPLAY_SHARE * (1 - flop_share))``, no per-region checkpoint costs or selective-policy dispatch and no RNG
-    stash (`RNG_META` dropped from its meta); the same nodes, storages and events, so the
-    same peaks and the same fingerprint.
+    (flop_share + FUSED_REPLAY_SHARE * (1 - flop_share))``, no per-region checkpoint costs or
+    selective-policy dispatch and no RNG stash (`RNG_META` dropped from its meta); the same
+    nodes, storages and events, so the same peaks and the same fingerprint.
 
     Nodes recorded without a share (graphs profiled before it was recorded) keep their eager
     time, with a `CompiledCostWarning` naming how many and the fix (profile again).

@@ -46,7 +46,7 @@ def solve_with_rng_stash(costs: CostGraph, target: int, solver: str,
     Guessing first keeps the common case to one solve: solving first without room left a
     solve that used its whole time limit (a slow machine) none for the second, and so warned
     of a stash the guess would have held."""
-    # (where the unscheduled step fits, ``unscheduled_bytes`` (its simulated peak, which the
+    # (where the unscheduled step fits (``unscheduled_bytes``, its simulated peak, which the
     # caller has), keeping everything stashes nothing: no room to guess)
     reserve, fits = rng_stash_guess(costs) if unscheduled_bytes > target else 0, None
     started = time.perf_counter()
