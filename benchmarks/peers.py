@@ -29,7 +29,11 @@ training steps, all on one torch thread:
   (`compiled_step_ratios`).
 
 Step times are medians over ``--rounds`` interleaved rounds (each round runs every variant
-once) and are given over ``none``'s. Every variant's peak is measured the same way, from the
+once) and are given over ``none``'s. Against each other choice, our fastest compiled plan at
+no higher peak is also given round by round: the lowest and highest of its step over the
+choice's in the same round, the race's own run-to-run spread, read as ``faster`` (at the
+medians), ``within spread`` (slower at the medians, not in every round) or ``slower``
+(`_peers_report`). Every variant's peak is measured the same way, from the
 profiler's memory events (`measurement.compiled.compiled_peak`: it sees inductor's
 allocations); for the eager variants the storage tracker's peak (`scheduler.measure`) is
 shown beside it. Where our cost model has a schedule for a variant (``none``, ``every_block``
@@ -62,7 +66,6 @@ from typing import Any
 import torch
 import torch._dynamo as dynamo
 from rich.console import Console
-from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `examples` is not an installed package
@@ -70,6 +73,7 @@ if str(ROOT) not in sys.path:  # `examples` is not an installed package
 
 # this script's folder is on sys.path
 import _record
+from _peers_report import matched, mib, plot, table
 from _peers_variants import (
     Variant,
     block_paths,
@@ -276,6 +280,7 @@ def race(key: str, *, quick: bool, compile_budgets: tuple[float, ...], rounds: i
         rows.append(dict(name=v.name, family=v.family, budget=v.budget_bytes,
                          peak=v.peaks[0], tracked=v.peaks[1], step_s=step, note=v.note,
                          ratio=step / base, graphs=v.graphs[0] if v.compiled else None,
+                         round_s=list(ts),
                          **{f"predicted_{k}": x for k, x in v.predicted.items()}))
     return dict(key=key, label=label, rows=rows, infeasible=infeasible,
                 no_compiled=no_compiled, rounds=rounds, device=device,
@@ -300,91 +305,6 @@ def compiled_step_ratios(variants: list[Variant], steps: list[float],
         rc = v.predicted.get("compiled_recompute_s")
         if rc is not None:
             v.predicted["step_ratio"] = (base + rc * scale) / steps[0]
-
-
-def mib(b: int | None) -> str:
-    return "-" if b is None else f"{b / 2**20:.2f}"
-
-
-def table(result: dict[str, Any]) -> Any:
-    """The rich ``Table`` of one example."""
-    t = Table(title=f"{result['label']}: {result['nodes']} nodes, {result['blocks']} blocks, "
-                    f"inputs {result['inputs']}; medians of {result['rounds']} interleaved "
-                    f"rounds, 1 thread", title_justify="left")
-    # (on CUDA the peak is the allocator's, `peaks`, and no tracker runs)
-    peak = f"peak MiB ({'allocator' if result.get('device') == 'cuda' else 'profiler'})"
-    for col in ("variant", "budget MiB", peak, "peak MiB (tracker)", "step",
-                "x none", "predicted x none", "predicted / measured step",
-                "predicted peak MiB", "graphs"):
-        t.add_column(col, justify="left" if col == "variant" else "right")
-    for r in result["rows"]:
-        # (a compiled plan's predicted step is its compiled replays added to the compiled
-        # base's measured step, `compiled_step_ratios`; its predicted peak is the eager one)
-        pr = r.get("predicted_step_ratio")
-        t.add_row(r["name"] + (f" ({r['note']})" if r["note"] else ""), mib(r["budget"]), mib(r["peak"]), mib(r["tracked"]),
-                  f"{r['step_s'] * 1e3:.1f} ms", f"{r['ratio']:.3f}",
-                  "-" if pr is None else f"{pr:.3f}",
-                  "-" if pr is None else f"{pr / r['ratio']:.3f}",
-                  mib(r.get("predicted_peak_bytes")),
-                  "-" if r["graphs"] is None else str(r["graphs"]))
-    return t
-
-
-def matched(result: dict[str, Any]) -> Any:
-    """For each variant a user would pick instead: the fastest of our plans, eager and
-    compiled, whose measured peak is no higher than its own, and their step over its step."""
-    rows = result["rows"]
-    t = Table(title=f"{result['label']}: against each other choice, the fastest of our plans "
-                    f"whose measured peak is no higher (step over its step; < 1: ours faster)",
-              title_justify="left")
-    for col in ("variant", "its peak MiB", "its x none", "ours eager", "ours eager / it",
-                "ours compiled", "ours compiled / it"):
-        t.add_column(col, justify="left" if col == "variant" else "right")
-
-    def best(r: dict[str, Any], family: str) -> tuple[str, str]:
-        fit = [o for o in rows if o["family"] == family and o["peak"] <= r["peak"]]
-        if not fit:
-            return "none fits", "-"
-        o = min(fit, key=lambda o: o["ratio"])
-        return f"{o['ratio']:.3f} ({o['name']}, {mib(o['peak'])})", f"{o['ratio'] / r['ratio']:.3f}"
-
-    for r in rows:
-        if r["family"] in ("user", "compile") and r["name"] != "none":
-            t.add_row(r["name"], mib(r["peak"]), f"{r['ratio']:.3f}", *best(r, "ours"),
-                      *best(r, "ours compiled"))
-    return t
-
-
-MARKERS = {"user": "o", "compile": "s", "ours": "^", "ours compiled": "v"}
-
-
-def plot(results: list[dict[str, Any]], path: Path) -> None:
-    """Measured peak against step time (x none), one panel per example."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4.2), squeeze=False)
-    for ax, res in zip(axes[0], results):
-        for fam, marker in MARKERS.items():
-            rs = [r for r in res["rows"] if r["family"] == fam]
-            if rs:
-                ax.scatter([r["peak"] / 2**20 for r in rs], [r["ratio"] for r in rs],
-                           marker=marker, label=fam)
-                for r in rs:
-                    if fam in ("user", "compile"):
-                        ax.annotate(r["name"], (r["peak"] / 2**20, r["ratio"]), fontsize=6,
-                                    xytext=(3, 3), textcoords="offset points")
-        ax.set_title(res["label"], fontsize=9)
-        ax.set_xlabel("measured peak (MiB, profiler)")
-        ax.set_ylabel("step time / none")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:

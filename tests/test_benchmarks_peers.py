@@ -149,3 +149,26 @@ def test_the_peak_column_names_the_count_of_its_device(device, label) -> None:
     result = dict(label="GPT", nodes=3, blocks=1, inputs="", rounds=5, rows=[row],
                   device=device)
     assert [c.header for c in peers.table(result).columns][2] == label
+
+
+
+@pytest.mark.parametrize("its,ours,ours_peak,cells", (
+    # medians 1.1 and 1.14 (1.036); round by round 1.3, 0.95, 0.909
+    ([1.0, 1.2, 1.1], [1.3, 1.14, 1.0], 90, "1.036 | 0.909-1.300 | within spread"),
+    ([1.0, 1.0, 1.0], [1.2, 1.1, 1.3], 90, "1.200 | 1.100-1.300 | slower"),
+    ([1.0, 1.0, 1.0], [0.9, 0.95, 0.8], 90, "0.900 | 0.800-0.950 | faster"),
+    ([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], 90, "1.000 | 1.000-1.000 | faster"),
+    (None, [0.9, 0.95, 0.8], 90, "0.900 | - | -"),  # (rounds not kept: no spread)
+    ([1.0, 1.0, 1.0], [0.9, 0.95, 0.8], 101, "none fits | - | - | -")))
+def test_ours_over_each_choice_is_read_against_its_ratio_round_by_round(
+        its, ours, ours_peak, cells) -> None:
+    def row(name: str, family: str, peak: int, round_s: list[float] | None) -> dict:
+        step = sorted(round_s or [1.0] * 3)[1]  # (the median of 3; none's is 1 s)
+        return dict(name=name, family=family, budget=None, peak=peak, tracked=None,
+                    step_s=step, note="", ratio=step, graphs=None, round_s=round_s)
+
+    rows = [row("none", "user", 300, [1.0, 1.0, 1.0]), row("compile 0.6", "compile", 100, its),
+            row("ours 0.6 compiled", "ours compiled", ours_peak, ours)]
+    text = _record.markdown_table(peers.matched(dict(label="GPT", rows=rows)))
+    line = next(x for x in text.splitlines() if x.startswith("| compile 0.6 |"))
+    assert line.endswith(f"| {cells} |"), line
