@@ -44,9 +44,12 @@ def matched(result: dict[str, Any]) -> Any:
     for the compiled one also that ratio round by round (`per_round`), the race's own
     run-to-run spread, and what it reads as."""
     rows = result["rows"]
+    spread = twin_spread(rows)
+    twins = ("" if spread is None else
+             f"; the twins, one step compiled twice apart, differed by {spread:.1%}")
     t = Table(title=f"{result['label']}: against each other choice, the fastest of our plans "
                     f"whose measured peak is no higher (step over its step; < 1: ours faster; "
-                    f"per round: the ratio in each interleaved round, lowest-highest)",
+                    f"per round: the ratio in each interleaved round, lowest-highest{twins})",
               title_justify="left")
     for col in ("variant", "its peak MiB", "its x none", "ours eager", "ours eager / it",
                 "ours compiled", "ours compiled / it", "per round", "reads"):
@@ -69,7 +72,8 @@ def matched(result: dict[str, Any]) -> Any:
             t.add_row(r["name"], mib(r["peak"]), f"{r['ratio']:.3f}",
                       *cells(r, best(r, "ours")), *cells(r, o),
                       "-" if rounds is None else f"{rounds[0]:.3f}-{rounds[1]:.3f}",
-                      "-" if rounds is None else reads(o["ratio"] / r["ratio"], rounds))
+                      "-" if rounds is None else reads(o["ratio"] / r["ratio"], rounds,
+                                                       spread or 0.0))
     return t
 
 
@@ -84,13 +88,25 @@ def per_round(ours: dict[str, Any], it: dict[str, Any]) -> tuple[float, float] |
     return min(ratios), max(ratios)
 
 
-def reads(ratio: float, rounds: tuple[float, float]) -> str:
-    """A ratio of medians (ours over theirs) read against its rounds' spread: ``faster``
-    (or as fast) at the median, ``within spread`` where slower at the median but not in
-    every round, ``slower`` where slower in every round."""
+def twin_spread(rows: list[dict[str, Any]]) -> float | None:
+    """How far apart the twins' steps were at the medians (the largest ``|twin / first - 1|``
+    over the ``twin`` rows, each the step of the row named as it is less `` twin``, compiled
+    again apart): what two runs of one step differ by in this race. None without twins."""
+    by_name = {r["name"]: r for r in rows}
+    gaps = [abs(r["ratio"] / by_name[r["name"].removesuffix(" twin")]["ratio"] - 1)
+            for r in rows if r["family"] == "twin"
+            and r["name"].removesuffix(" twin") in by_name]
+    return max(gaps) if gaps else None
+
+
+def reads(ratio: float, rounds: tuple[float, float], spread: float = 0.0) -> str:
+    """A ratio of medians (ours over theirs) read against the race's spread: ``faster`` (or
+    as fast) at the medians; ``within spread`` where slower at the medians but not in every
+    round (``rounds``: the lowest and highest ratio round by round), or by no more than
+    ``spread`` (`twin_spread`); else ``slower``."""
     if ratio <= 1:
         return "faster"
-    return "within spread" if rounds[0] <= 1 else "slower"
+    return "within spread" if rounds[0] <= 1 or ratio - 1 <= spread else "slower"
 
 
 MARKERS = {"user": "o", "compile": "s", "ours": "^", "ours compiled": "v"}

@@ -14,7 +14,8 @@ training steps, all on one torch thread:
   block under ``checkpoint`` with torchtitan's selective policy (save matmul and attention
   outputs, every second ``mm`` recomputed, recompute the rest; `_peers_variants.titan_policy`);
 * ``compile B``: ``torch.compile`` (inductor) with ``activation_memory_budget`` B, for B in 1.0,
-  0.8, 0.6, 0.4, 0.2, 0.0;
+  0.8, 0.6, 0.4, 0.2, 0.0; and ``compile B twin``, the first of them compiled again apart:
+  the same step, whose time differs from its first's by the race's own spread;
 * ``ours B``: our plan (``solve_graph``, solver ``auto``) at a budget B equal to each measured
   peak of the compiled variants, at 85% and 70% of the lowest of them, and at the measured
   peaks of ``every_block``, ``sqrt`` and ``selective AC`` (budgets within 1% of each other
@@ -31,9 +32,9 @@ training steps, all on one torch thread:
 Step times are medians over ``--rounds`` interleaved rounds (each round runs every variant
 once) and are given over ``none``'s. Against each other choice, our fastest compiled plan at
 no higher peak is also given round by round: the lowest and highest of its step over the
-choice's in the same round, the race's own run-to-run spread, read as ``faster`` (at the
-medians), ``within spread`` (slower at the medians, not in every round) or ``slower``
-(`_peers_report`). Every variant's peak is measured the same way, from the
+choice's in the same round, and read as ``faster`` (at the medians), ``within spread``
+(slower at the medians, but not in every round or by no more than the twins differ) or
+``slower`` (`_peers_report`). Every variant's peak is measured the same way, from the
 profiler's memory events (`measurement.compiled.compiled_peak`: it sees inductor's
 allocations); for the eager variants the storage tracker's peak (`scheduler.measure`) is
 shown beside it. Where our cost model has a schedule for a variant (``none``, ``every_block``
@@ -225,10 +226,14 @@ def race(key: str, *, quick: bool, compile_budgets: tuple[float, ...], rounds: i
         Variant("selective AC", "user", wrap_blocks(model, paths, titan_policy), inputs),
     ]
     dynamo.reset()
-    for b in compile_budgets:
-        v = Variant(f"compile {b:.1f}", "compile", None, inputs, compiled=True)  # type: ignore
+    # each compile budget, and the first again (``twin``: the same step compiled apart, whose
+    # difference from its first is the race's own spread, `_peers_report.twin_spread`)
+    for b, family in [(b, "compile") for b in compile_budgets] + [
+            (b, "twin") for b in compile_budgets[:1]]:
+        name = f"compile {b:.1f}" + (" twin" if family == "twin" else "")
+        v = Variant(name, family, None, inputs, compiled=True)  # type: ignore
         v.module = compiled(copy.deepcopy(model), b, v.graphs)
-        say(f"{label}: compiling at activation_memory_budget={b}")
+        say(f"{label}: compiling {name}")
         v.step()
         variants.append(v)
     if compile_plans and compile_budgets:

@@ -162,13 +162,32 @@ def test_the_peak_column_names_the_count_of_its_device(device, label) -> None:
     ([1.0, 1.0, 1.0], [0.9, 0.95, 0.8], 101, "none fits | - | - | -")))
 def test_ours_over_each_choice_is_read_against_its_ratio_round_by_round(
         its, ours, ours_peak, cells) -> None:
-    def row(name: str, family: str, peak: int, round_s: list[float] | None) -> dict:
-        step = sorted(round_s or [1.0] * 3)[1]  # (the median of 3; none's is 1 s)
-        return dict(name=name, family=family, budget=None, peak=peak, tracked=None,
-                    step_s=step, note="", ratio=step, graphs=None, round_s=round_s)
-
-    rows = [row("none", "user", 300, [1.0, 1.0, 1.0]), row("compile 0.6", "compile", 100, its),
-            row("ours 0.6 compiled", "ours compiled", ours_peak, ours)]
+    rows = [_row("none", "user", 300, [1.0, 1.0, 1.0]), _row("compile 0.6", "compile", 100, its),
+            _row("ours 0.6 compiled", "ours compiled", ours_peak, ours)]
     text = _record.markdown_table(peers.matched(dict(label="GPT", rows=rows)))
     line = next(x for x in text.splitlines() if x.startswith("| compile 0.6 |"))
     assert line.endswith(f"| {cells} |"), line
+
+
+def _row(name: str, family: str, peak: int, round_s: list[float] | None) -> dict:
+    step = sorted(round_s or [1.0] * 3)[1]  # (the median of 3; none's is 1 s)
+    return dict(name=name, family=family, budget=None, peak=peak, tracked=None,
+                step_s=step, note="", ratio=step, graphs=None, round_s=round_s)
+
+
+@pytest.mark.parametrize("twin,reading", (([1.05] * 3, "within spread"),
+                                          ([0.95] * 3, "within spread"),
+                                          ([1.02] * 3, "slower"), (None, "slower")))
+def test_a_loss_no_larger_than_the_twins_differ_by_is_within_the_spread(twin, reading) -> None:
+    # ours 3% slower in every round; the twin (compile 0.6 compiled again) 5%, 5% or 2% apart
+    rows = [_row("none", "user", 300, [1.0] * 3), _row("compile 0.6", "compile", 100, [1.0] * 3),
+            _row("ours 0.6 compiled", "ours compiled", 90, [1.03, 1.04, 1.02])]
+    if twin is not None:
+        rows.insert(2, _row("compile 0.6 twin", "twin", 100, twin))
+    table = peers.matched(dict(label="GPT", rows=rows))
+    lines = _record.markdown_table(table).splitlines()
+    choices = [x.split(" | ")[0] for x in lines if x.startswith("| compile")]
+    assert choices == ["| compile 0.6"]  # (the twin is not a choice)
+    assert lines[-1].endswith(f"| 1.030 | 1.020-1.040 | {reading} |"), lines[-1]
+    gap = None if twin is None else f"{abs(twin[0] - 1):.1%}"
+    assert (gap is not None and f"differed by {gap}" in table.title) or twin is None
