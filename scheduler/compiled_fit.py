@@ -10,7 +10,8 @@ plan is compiled (``torch.compile``, inductor) and one training step's peak read
 allocator (`measurement.compiled.compiled_peak`), and the solver's target moves by what the
 measurement says, down by a plan's excess over the budget, up by the memory a plan left
 unused, between the highest target that measured within the budget and the lowest that did
-not. The plan kept is the one with the least compiled recompute among those that measured
+not; or, once a lower target's plan measured the higher compiled peak (recomputing more raised
+it: on the GPT example, its replays' buffers), above every target tried. The plan kept is the one with the least compiled recompute among those that measured
 within the budget; its schedule records the measured peak (`COMPILED_PEAK`).
 
 The search is `fit_compiled`, given how to solve at a target and how to build and measure a
@@ -107,6 +108,7 @@ def fit_compiled(budget_bytes: int, target_bytes: int, ceiling_bytes: int,
     tries: list[CompiledTry] = []
     best: tuple[float, int, SolveResult, Any] | None = None  # (recompute, peak, result, module)
     ok_at, over_at = None, None  # highest target within the budget, lowest above it
+    rising = False  # (once the compiled peak measured falling as the target rose)
     target = target_bytes
     for _ in range(4 * compiles):  # (solves meeting a measured plan again cost no compile)
         try:
@@ -151,10 +153,18 @@ def fit_compiled(budget_bytes: int, target_bytes: int, ceiling_bytes: int,
             overs = next((i for i, t in enumerate(reversed(tries))
                           if t.peak_bytes <= budget_bytes), len(tries))
             step = target - (peak - budget_bytes) * 2 ** (overs - 1)
+        rising = rising or falls_as_target_rises(tries, budget_bytes)
+        if rising:
+            # a lower target's plan measured higher than a higher one's, both over: here
+            # recomputing more raises the compiled peak, so search above every target tried,
+            # by this plan's excess over the budget (or the memory it left unused)
+            step = max(t.target_bytes for t in tries) + abs(peak - budget_bytes)
         step = min(step, ceiling_bytes)
         if step <= 0:
             break
-        low, high = ok_at, over_at
+        low, high = (None, None) if rising else (ok_at, over_at)
+        if rising and any(t.target_bytes == step for t in tries):
+            break
         if (high is not None and step >= high) or (low is not None and step <= low):
             if low is None or high is None:  # (only at the ceiling: nothing left above)
                 break
@@ -180,6 +190,16 @@ def fit_compiled(budget_bytes: int, target_bytes: int, ceiling_bytes: int,
     schedule = dataclasses.replace(result.schedule,
                                    meta={**result.schedule.meta, COMPILED_PEAK: peak})
     return CompiledFit(dataclasses.replace(result, schedule=schedule), module, peak, tuple(tries))
+
+
+def falls_as_target_rises(tries: list[CompiledTry], budget_bytes: int) -> bool:
+    """Whether two of ``tries`` measured over the budget where the one solved at the lower
+    target measured the higher compiled peak (on the GPT example, plans recomputing more
+    compiled to higher peaks: solved at 10.02, 9.45 and 8.52 MiB they measured 10.58, 10.87
+    and 11.53 MiB)."""
+    over = [t for t in tries if t.peak_bytes > budget_bytes]
+    return any(a.target_bytes < b.target_bytes and a.peak_bytes > b.peak_bytes
+               for a in over for b in over)
 
 
 def compile_and_measure(module: nn.Module, inputs: Any, *,

@@ -88,6 +88,30 @@ def test_a_compiled_step_above_the_prediction_is_solved_again_below_the_budget(
     assert not better, (better, got.tries)
 
 
+class Inverted(Measured):
+    """A compiled peak that falls as the predicted one rises: twice ``around`` less the
+    prediction (recomputing more raises it, as plans did compiled on the GPT example)."""
+
+    def __init__(self, around: int) -> None:
+        super().__init__(1.0)
+        self.around = around
+
+    def peak(self, schedule: Schedule) -> int:
+        return 2 * self.around - simulate(GRAPH, schedule).peak_bytes
+
+
+def test_where_recomputing_more_raises_the_compiled_peak_the_search_turns_up() -> None:
+    budget = int(0.7 * UNSCHEDULED)
+    measured = Inverted(int(1.03 * budget))
+    assert measured.peak(solve_at(budget).schedule) > budget  # (the plan at the budget)
+    assert any(peak <= budget for _, peak in sweep(budget, measured))  # (one above it fits)
+    got = fit(budget, measured)
+    assert got.peak_bytes == measured.peak(got.result.schedule) <= budget
+    targets = [t.target_bytes for t in got.tries]
+    assert targets[0] == budget and targets[1] < budget < targets[-1], targets
+    assert measured.calls <= 4
+
+
 def test_memory_the_compiled_step_leaves_unused_buys_a_faster_plan() -> None:
     budget = int(0.7 * UNSCHEDULED)
     measured = Measured(0.8)
