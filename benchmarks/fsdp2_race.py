@@ -35,7 +35,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 import scheduler  # noqa: E402
 from _peers_variants import titan_policy, wrap_blocks  # noqa: E402
-from _ranks import spawn, wrap, wrapped_step  # noqa: E402
+from _ranks import spawn, wrapped_step  # noqa: E402
 from _record import publish  # noqa: E402
 from scheduler.quantities import format_bytes  # noqa: E402
 
