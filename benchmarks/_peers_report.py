@@ -11,6 +11,7 @@ from rich.table import Table
 
 
 def mib(b: int | None) -> str:
+    """Bytes as MiB with two decimals; ``-`` for None."""
     return "-" if b is None else f"{b / 2**20:.2f}"
 
 
@@ -29,8 +30,9 @@ def table(result: dict[str, Any]) -> Any:
         # (a compiled plan's predicted step is its compiled replays added to the compiled
         # base's measured step, `compiled_step_ratios`; its predicted peak is the eager one)
         pr = r.get("predicted_step_ratio")
-        t.add_row(r["name"] + (f" ({r['note']})" if r["note"] else ""), mib(r["budget"]), mib(r["peak"]), mib(r["tracked"]),
-                  f"{r['step_s'] * 1e3:.1f} ms", f"{r['ratio']:.3f}",
+        t.add_row(r["name"] + (f" ({r['note']})" if r["note"] else ""), mib(r["budget"]),
+                  mib(r["peak"]), mib(r["tracked"]), f"{r['step_s'] * 1e3:.1f} ms",
+                  f"{r['ratio']:.3f}",
                   "-" if pr is None else f"{pr:.3f}",
                   "-" if pr is None else f"{pr / r['ratio']:.3f}",
                   mib(r.get("predicted_peak_bytes")),

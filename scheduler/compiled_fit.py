@@ -11,8 +11,9 @@ allocator (`measurement.compiled.compiled_peak`), and the solver's target moves 
 measurement says, down by a plan's excess over the budget, up by the memory a plan left
 unused, between the highest target that measured within the budget and the lowest that did
 not; or, once a lower target's plan measured the higher compiled peak (recomputing more raised
-it: on the GPT example, its replays' buffers), above every target tried. The plan kept is the one with the least compiled recompute among those that measured
-within the budget; its schedule records the measured peak (`COMPILED_PEAK`).
+it, on the GPT example), above every target tried. The plan kept is the one with the least
+compiled recompute among those that measured within the budget; its schedule records the
+measured peak (`COMPILED_PEAK`).
 
 The search is `fit_compiled`, given how to solve at a target and how to build and measure a
 plan, so that it is tested without compiling; `compile_and_measure` is the measurement.

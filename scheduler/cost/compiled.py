@@ -25,7 +25,8 @@ can make replaying fused ops faster than keeping them, is not modelled.
 
 Memory is the same as the eager cost model's: every storage and saved tensor as recorded.
 Inductor often needs less (it frees or never materialises fused intermediates) and sometimes
-more (its own buffers, other kernels' scratch); the compiled peak is to be measured (`measurement.compiled.compiled_peak`).
+more (its own buffers, other kernels' scratch); the compiled peak is to be measured
+(`measurement.compiled.compiled_peak`).
 
 The time model only ranks schedules: every schedule runs forward once, so step time differs
 between schedules by recompute alone. With ``step_s``, a measured step of the compiled
