@@ -1,0 +1,195 @@
+"""Why ``torch.compile`` at an ``activation_memory_budget`` below 1 beats our compiled plans.
+
+    python benchmarks/partitioner.py --write                     # GPT default and 8 x 256
+    python benchmarks/partitioner.py --examples gpt --rounds 11  # one model
+
+In the race (`benchmarks/peers.py`), compile 0.6 ran faster than compile 1.0 and than our
+module compiled without checkpointing, and our compiled plans lost to it by 2.7-4.1% at its
+peak. This script compiles, on one torch thread, the GPT example's training step:
+
+* ``compile 1.0``: inductor at the default budget (AOTAutograd's min-cut partitioner with its
+  recompute bans: random ops, ops far from backward, long fusible chains, ...);
+* ``compile 0.6``: at 0.6, which on these models takes the partitioner's "more aggressive"
+  min-cut branch (`choose_saved_values_set` returns it before any knapsack);
+* ``compile 1.0 aggressive``: at 1.0 with ``aggressive_recomputation`` on (those bans
+  lifted, the not-in-allowlist one too);
+* ``save FLOP outputs``: every block under ``torch.utils.checkpoint`` with a selective policy
+  that saves the outputs of the partitioner's compute-intensive ops (matmuls, attention;
+  torchtitan's list, `_peers_variants.titan_save_ops`) and recomputes every other op, at 1.0;
+* ``ours none``: our planned module with nothing checkpointed (a plan at a budget above the
+  unscheduled peak), at 1.0: the base our compiled plans start from.
+
+For each: the peak of one compiled step (`measurement.compiled.compiled_peak`), the tensors
+the partitioner saved for the first graph's backward (count and MiB, read by wrapping
+``torch._functorch.partitioners.choose_saved_values_set``, a private function: a benchmark
+may lean on it, the library does not), and the step over ``compile 0.6``'s, as the median of
+interleaved rounds and the lowest and highest per-round ratio. A last line names the op kinds
+compile 1.0 saves and compile 0.6 does not, and the other way round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch._functorch.config as functorch_config
+import torch._functorch.partitioners as partitioners
+from rich.console import Console
+from rich.table import Table
+from torch._inductor.compile_fx import compile_fx
+from torch.utils.checkpoint import CheckpointPolicy
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _peers_variants import fresh_compiles, titan_save_ops, wrap_blocks  # noqa: E402
+from _record import add_write_option, command_line, markdown_table, record  # noqa: E402
+
+import scheduler  # noqa: E402
+from examples import gpt  # noqa: E402
+from scheduler.measurement.compiled import compiled_peak  # noqa: E402
+
+#: key -> (label, build keywords)
+EXAMPLES = {"gpt": ("GPT (default)", {}),
+            "gpt_large": ("GPT (8 layers, 256 wide, batch 8 x 256)",
+                          dict(n_layer=8, n_embd=256, batch=8, block_size=256))}
+#: the variant every step is given over
+BASE = "compile 0.6"
+
+
+def save_flop_outputs() -> Callable[..., CheckpointPolicy]:
+    """A selective-checkpoint policy: save the compute-intensive ops' outputs, recompute the
+    rest."""
+    save = titan_save_ops()
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        return CheckpointPolicy.MUST_SAVE if func in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+class Saved:
+    """Records what the partitioner saves for each compiled variant (by name)."""
+
+    def __init__(self) -> None:
+        self.current = ""
+        self.sets: dict[str, list[list[Any]]] = {}
+        self._orig = partitioners.choose_saved_values_set
+
+    def __enter__(self) -> Saved:
+        def spy(joint_graph: Any, node_info: Any, memory_budget: float = 1) -> Any:
+            out = self._orig(joint_graph, node_info, memory_budget)
+            self.sets.setdefault(self.current, []).append(
+                [(str(n.target), partitioners._size_of(n)) for n in out])
+            return out
+
+        partitioners.choose_saved_values_set = spy
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        partitioners.choose_saved_values_set = self._orig
+
+
+def variant(name: str, module: torch.nn.Module, inputs: tuple[Any, ...], saved: Saved,
+            budget: float, **config: Any) -> tuple[str, Callable[[], None], Any]:
+    """(name, one training step, the compiled module) of a copy of ``module`` compiled with
+    inductor at ``budget`` and ``config`` (functorch's)."""
+    module = copy.deepcopy(module)
+
+    def backend(gm: Any, example_inputs: Any) -> Any:
+        saved.current = name
+        with functorch_config.patch(activation_memory_budget=budget, **config):
+            return compile_fx(gm, example_inputs)
+
+    compiled = torch.compile(module, backend=backend)
+
+    def step() -> None:
+        compiled(*inputs).backward()
+        for p in module.parameters():
+            p.grad = None
+
+    return name, step, compiled
+
+
+def run(key: str, rounds: int, say: Callable[[str], None]) -> tuple[Table, str]:
+    """The table of one example, and the line of op kinds saved by one budget only."""
+    label, kw = EXAMPLES[key]
+    torch.manual_seed(0)
+    model, inputs = gpt.build(**kw)
+    paths = [f"transformer.h.{i}" for i in range(len(model.transformer.h))]
+    ours = scheduler.solve(model, inputs, budget=1 << 50, time_limit_s=10).module
+    with Saved() as saved:
+        variants = [
+            variant("compile 1.0", model, inputs, saved, 1.0),
+            variant(BASE, model, inputs, saved, 0.6),
+            variant("compile 1.0 aggressive", model, inputs, saved, 1.0,
+                    aggressive_recomputation=True),
+            variant("save FLOP outputs", wrap_blocks(model, paths, save_flop_outputs),
+                    inputs, saved, 1.0),
+            variant("ours none", ours, inputs, saved, 1.0),
+        ]
+        for name, step, _ in variants:
+            t0 = time.perf_counter()
+            step()
+            say(f"{key}: {name} compiled in {time.perf_counter() - t0:.0f} s")
+    peaks = {name: compiled_peak(c, inputs) for name, _, c in variants}
+    times: dict[str, list[float]] = {name: [] for name, _, _ in variants}
+    for r in range(rounds):
+        say(f"{key}: round {r + 1}/{rounds}")
+        for name, step, _ in variants:
+            t0 = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - t0)
+    table = Table(title=f"{label}: {rounds} interleaved rounds, 1 thread; step over {BASE}'s")
+    for col in ("variant", "peak MiB", "saved (graph 0)", "step", "per round"):
+        table.add_column(col, justify="left" if col == "variant" else "right")
+    base = times[BASE]
+    for name, _, _ in variants:
+        first = saved.sets[name][0]
+        ratios = [a / b for a, b in zip(times[name], base)]
+        table.add_row(name, f"{peaks[name] / 2**20:.2f}",
+                      f"{len(first)}, {sum(b for _, b in first) / 2**20:.2f} MiB",
+                      f"{statistics.median(times[name]) / statistics.median(base):.3f}",
+                      f"{min(ratios):.3f}-{max(ratios):.3f}")
+    one, six = (Counter("a parameter" if t.startswith("primals_") else t
+                        for t, _ in saved.sets[name][0]) for name in ("compile 1.0", BASE))
+    diff = (f"{label}: saved by compile 1.0 only: {dict(one - six)}; by {BASE} only: "
+            f"{dict(six - one)}")
+    return table, diff
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", default=",".join(EXAMPLES),
+                        help=f"comma-separated, of {', '.join(EXAMPLES)}")
+    parser.add_argument("--rounds", type=int, default=9, help="timed rounds (default 9)")
+    add_write_option(parser)
+    args = parser.parse_args(argv)
+    keys = [k for k in args.examples.split(",") if k]
+    unknown = [k for k in keys if k not in EXAMPLES]
+    if unknown or not keys:
+        parser.error(f"--examples: {unknown or keys!r} not among {', '.join(EXAMPLES)}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    torch.set_num_threads(1)
+    fresh_compiles()
+    console = Console()
+    parts = []
+    for key in keys:
+        table, diff = run(key, args.rounds, lambda m: console.print(f"[dim]{m}[/dim]"))
+        console.print(table)
+        console.print(diff)
+        parts.append(f"{markdown_table(table)}\n\n{diff}")
+    if args.write:
+        record("partitioner", "\n\n".join(parts), device="cpu",
+               command=command_line(__file__, argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""benchmarks/partitioner.py: its arguments are checked by value, its policy saves exactly the
+compute-intensive ops, and its spy on the partitioner records a compiled graph's saved tensors
+(a small MLP's: its ReLU's output among them, no more than its activations and weights) and
+puts the partitioner back."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch._functorch.partitioners as partitioners
+import torch.nn as nn
+from torch.utils.checkpoint import CheckpointPolicy
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+try:
+    import partitioner
+finally:
+    sys.path.remove(str(ROOT / "benchmarks"))
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize("argv,named", [(["--examples", "unet"], "'unet'"),
+                                        (["--rounds", "0"], "got 0")])
+def test_bad_arguments_are_refused_by_value(argv, named, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        partitioner.main(argv)
+    assert e.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_the_policy_saves_the_compute_intensive_ops_and_recomputes_the_rest() -> None:
+    policy = partitioner.save_flop_outputs()
+    for op in (aten.mm.default, aten.addmm.default, aten.bmm.default):
+        assert policy(None, op) == CheckpointPolicy.MUST_SAVE
+    for op in (aten.relu.default, aten.mul.Tensor, aten.native_layer_norm.default):
+        assert policy(None, op) == CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x))).sum()
+
+
+def test_the_spy_records_what_the_backward_receives_and_restores_the_partitioner() -> None:
+    torch.manual_seed(0)
+    original = partitioners.choose_saved_values_set
+    x = torch.randn(4, 8)
+    with partitioner.Saved() as saved:
+        name, step, compiled = partitioner.variant("net", Net(), (x,), saved, 1.0)
+        torch._dynamo.reset()
+        step()
+    assert partitioners.choose_saved_values_set is original
+    (first,) = saved.sets["net"]
+    # what fc2's and relu's backward need: relu's output (4 x 16 floats, 256 bytes) at least,
+    # and nothing larger than the whole forward's activations
+    total = sum(b for _, b in first)
+    assert any(b == 4 * 16 * 4 for _, b in first), first
+    assert 0 < total <= 4 * 8 * 4 + 2 * 4 * 16 * 4 + 4 * 4 * 4 + 16 * 8 * 4 + 4 * 16 * 4, first
