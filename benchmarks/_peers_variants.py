@@ -134,19 +134,21 @@ def titan_policy() -> Callable[..., CheckpointPolicy]:
     return policy
 
 
-def compiled(module: nn.Module, budget: float | None, graphs: list[int]) -> nn.Module:
+def compiled(module: nn.Module, budget: float | None, graphs: list[int],
+             **config: Any) -> nn.Module:
     """``torch.compile(module)`` with inductor; with ``budget``, under
     ``activation_memory_budget=budget`` while this module's graphs are compiled (the
-    partitioner reads it then), else at the configured default. ``graphs[0]`` counts the
+    partitioner reads it then), else at the configured default; ``config``: other functorch
+    settings patched meanwhile (``aggressive_recomputation=True``). ``graphs[0]`` counts the
     graphs compiled. Each call makes a new backend, so dynamo does not reuse another
     variant's code (turn the FX-graph and AOT-autograd caches off as well, see `peers.py`)."""
     from torch._inductor.compile_fx import compile_fx
 
+    patch = ({} if budget is None else {"activation_memory_budget": budget}) | config
+
     def backend(gm: Any, example_inputs: Any) -> Any:
         graphs[0] += 1
-        if budget is None:
-            return compile_fx(gm, example_inputs)
-        with functorch_config.patch(activation_memory_budget=budget):
+        with functorch_config.patch(**patch):
             return compile_fx(gm, example_inputs)
 
     return torch.compile(module, backend=backend)

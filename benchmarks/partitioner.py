@@ -39,15 +39,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch._functorch.config as functorch_config
 import torch._functorch.partitioners as partitioners
 from rich.console import Console
 from rich.table import Table
-from torch._inductor.compile_fx import compile_fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _peers_variants import fresh_compiles, titan_save_ops, wrap_blocks  # noqa: E402
+from _peers_variants import (Variant, block_paths, compiled, fresh_compiles,  # noqa: E402
+                             time_rounds, titan_save_ops, wrap_blocks)
 from _record import add_write_option, command_line, markdown_table, record  # noqa: E402
 
 import scheduler  # noqa: E402
@@ -95,66 +94,44 @@ class Saved:
         partitioners.choose_saved_values_set = self._orig
 
 
-def variant(name: str, module: torch.nn.Module, inputs: tuple[Any, ...], saved: Saved,
-            budget: float, **config: Any) -> tuple[str, Callable[[], None], Any]:
-    """(name, one training step, the compiled module) of a copy of ``module`` compiled with
-    inductor at ``budget`` and ``config`` (functorch's)."""
-    module = copy.deepcopy(module)
-
-    def backend(gm: Any, example_inputs: Any) -> Any:
-        saved.current = name
-        with functorch_config.patch(activation_memory_budget=budget, **config):
-            return compile_fx(gm, example_inputs)
-
-    compiled = torch.compile(module, backend=backend)
-
-    def step() -> None:
-        compiled(*inputs).backward()
-        for p in module.parameters():
-            p.grad = None
-
-    return name, step, compiled
-
-
 def run(key: str, rounds: int, say: Callable[[str], None]) -> tuple[Table, str]:
     """The table of one example, and the line of op kinds saved by one budget only."""
     label, kw = EXAMPLES[key]
     torch.manual_seed(0)
     model, inputs = gpt.build(**kw)
-    paths = [f"transformer.h.{i}" for i in range(len(model.transformer.h))]
-    ours = scheduler.solve(model, inputs, budget=1 << 50, time_limit_s=10).module
+    ours = scheduler.solve(model, inputs, budget=1 << 50, time_limit_s=10)
+
+    def variant(name: str, module: torch.nn.Module, budget: float, **config: Any) -> Variant:
+        return Variant(name, "", compiled(copy.deepcopy(module), budget, [0], **config),
+                       inputs, compiled=True)
+
+    variants = [
+        variant("compile 1.0", model, 1.0),
+        variant(BASE, model, 0.6),
+        variant("compile 1.0 aggressive", model, 1.0, aggressive_recomputation=True),
+        variant("save FLOP outputs",
+                wrap_blocks(model, block_paths(ours.graph), save_flop_outputs), 1.0),
+        variant("ours none", ours.module, 1.0),
+    ]
     with Saved() as saved:
-        variants = [
-            variant("compile 1.0", model, inputs, saved, 1.0),
-            variant(BASE, model, inputs, saved, 0.6),
-            variant("compile 1.0 aggressive", model, inputs, saved, 1.0,
-                    aggressive_recomputation=True),
-            variant("save FLOP outputs", wrap_blocks(model, paths, save_flop_outputs),
-                    inputs, saved, 1.0),
-            variant("ours none", ours, inputs, saved, 1.0),
-        ]
-        for name, step, _ in variants:
+        for v in variants:  # (the first step compiles: the partitioner runs then)
+            saved.current = v.name
             t0 = time.perf_counter()
-            step()
-            say(f"{key}: {name} compiled in {time.perf_counter() - t0:.0f} s")
-    peaks = {name: compiled_peak(c, inputs) for name, _, c in variants}
-    times: dict[str, list[float]] = {name: [] for name, _, _ in variants}
-    for r in range(rounds):
-        say(f"{key}: round {r + 1}/{rounds}")
-        for name, step, _ in variants:
-            t0 = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - t0)
+            v.step()
+            say(f"{key}: {v.name} compiled in {time.perf_counter() - t0:.0f} s")
+    peaks = {v.name: compiled_peak(v.module, inputs) for v in variants}
+    times = dict(zip((v.name for v in variants),
+                     time_rounds(variants, rounds, lambda m: say(f"{key}: {m}"))))
     table = Table(title=f"{label}: {rounds} interleaved rounds, 1 thread; step over {BASE}'s")
     for col in ("variant", "peak MiB", "saved (graph 0)", "step", "per round"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     base = times[BASE]
-    for name, _, _ in variants:
-        first = saved.sets[name][0]
-        ratios = [a / b for a, b in zip(times[name], base)]
-        table.add_row(name, f"{peaks[name] / 2**20:.2f}",
+    for v in variants:
+        first = saved.sets[v.name][0]
+        ratios = [a / b for a, b in zip(times[v.name], base)]
+        table.add_row(v.name, f"{peaks[v.name] / 2**20:.2f}",
                       f"{len(first)}, {sum(b for _, b in first) / 2**20:.2f} MiB",
-                      f"{statistics.median(times[name]) / statistics.median(base):.3f}",
+                      f"{statistics.median(times[v.name]) / statistics.median(base):.3f}",
                       f"{min(ratios):.3f}-{max(ratios):.3f}")
     one, six = (Counter("a parameter" if t.startswith("primals_") else t
                         for t, _ in saved.sets[name][0]) for name in ("compile 1.0", BASE))

@@ -54,9 +54,10 @@ def test_the_spy_records_what_the_backward_receives_and_restores_the_partitioner
     original = partitioners.choose_saved_values_set
     x = torch.randn(4, 8)
     with partitioner.Saved() as saved:
-        name, step, compiled = partitioner.variant("net", Net(), (x,), saved, 1.0)
+        saved.current = "net"
         torch._dynamo.reset()
-        step()
+        partitioner.Variant("net", "", partitioner.compiled(Net(), 1.0, [0]), (x,),
+                            compiled=True).step()
     assert partitioners.choose_saved_values_set is original
     (first,) = saved.sets["net"]
     # what fc2's and relu's backward need: relu's output (4 x 16 floats, 256 bytes) at least,
