@@ -15,13 +15,16 @@ with the replayed ops in it. What a replay then costs differs from eager in thre
   ``meta["rng"]`` (`cost.rng`) and `solvers.stash` holds back no room for it.
 
 So a node's replay costs ``time_s * flop_share`` (`Node.flop_share`, recorded by the
-profile), plus `FUSED_REPLAY_SHARE` of the rest of its time, and regions cost nothing of their
-own. That small price is a tie-break, not a measurement: without it every plan that replays
-only fused ops costs nothing, the solver picks among them arbitrarily, and one that replays
-far more than the budget needs ties with one that replays little. What it gained was measured
-once on an H200 and once on the CPU, with opposite readings (`docs/benchmarks.md`,
-``peers_cuda`` and ``peers_fit_tiebreak``): what saving a tensor costs in memory traffic, which
-can make replaying fused ops faster than keeping them, is not modelled.
+profile), plus `FUSED_REPLAY_SHARE` (0) of the rest of its time, and regions cost nothing of
+their own. A replay of fused ops is not free only in time: saving them costs the write of
+their outputs in forward and the read in backward, which the partitioner spares by
+recomputing them (on the GPT example, a step that saved only FLOP ops' outputs ran 3-5%
+faster than compile's default, at a lower peak; `docs/benchmarks.md`, ``partitioner``).
+So a plan for compiled execution runs in its compiled form (`cost.compiled_form`), which
+replays every fused op whose replay needs no FLOP replay; plans whose FLOP replays cost the
+same then run alike, and the solver's choice among fused replays decides nothing. (Until
+then fused replays were priced at a thousandth of their eager time, a tie-break towards
+fewer of them; `peers_cuda` and ``peers_fit_tiebreak`` measured it with opposite readings.)
 
 Memory is the same as the eager cost model's: every storage and saved tensor as recorded.
 Inductor often needs less (it frees or never materialises fused intermediates) and sometimes
@@ -47,10 +50,9 @@ __all__ = ["EXECUTIONS", "FUSED_REPLAY_SHARE", "CompiledCostWarning", "check_exe
 #: how a plan's step runs: its time model (`costs_for`)
 EXECUTIONS = ("eager", "compiled")
 
-#: the share of a node's non-FLOP time its compiled replay is priced at: a tie-break between
-#: plans whose FLOP replays cost the same (fewer fused replays first), so small that it
-#: weighs next to a FLOP op's replay only where fused ops take a thousand times its time
-FUSED_REPLAY_SHARE = 1e-3
+#: the share of a node's non-FLOP time its compiled replay is priced at: none, since the
+#: compiled form (`cost.compiled_form`) replays the fused ops it can whatever the solver chose
+FUSED_REPLAY_SHARE = 0.0
 
 
 class CompiledCostWarning(UserWarning):
