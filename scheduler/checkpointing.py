@@ -29,12 +29,21 @@ from torch.utils.checkpoint import (
     get_device_states,
     set_device_states,
 )
+from torch.utils.flop_counter import flop_registry
 
-__all__ = ["SAVE_KEY", "CheckpointRegion", "EagerCall", "run_saved", "run_saved_method",
-           "save_policy"]
+__all__ = ["ALL_OPS", "FLOP_OPS", "SAVE_KEY", "CheckpointRegion", "EagerCall", "run_saved",
+           "run_saved_method", "save_policy"]
 
-#: Key of the ``torch.fx.traceback`` annotation that marks a save-set node's ops.
+#: Key of the ``torch.fx.traceback`` annotation that marks a save-set node's ops; its value
+#: says which of them are saved: `ALL_OPS` or `FLOP_OPS`.
 SAVE_KEY = "scheduler_save"
+#: every op of the node is saved
+ALL_OPS = "all"
+#: under ``torch.compile``, only its ops with FLOPs (``torch.utils.flop_counter``'s registry:
+#: matmuls, convolutions, attention) are saved, the rest recomputed from them and the node's
+#: inputs; eagerly, every op (`compiled_form` marks only nodes whose inputs backward has
+#: without replaying an op with FLOPs)
+FLOP_OPS = "flops"
 
 
 # -- save sets -----------------------------------------------------------------------------
@@ -49,9 +58,11 @@ class EagerCall:
         self.rng: dict[str, tuple[Any, ...]] = {}
 
 
-def run_saved(call: EagerCall | None, key: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` with its ops marked for saving (``call`` None: compiled)."""
-    with fx_traceback.annotate({SAVE_KEY: True}):
+def run_saved(call: EagerCall | None, key: str, ops: str, fn: Any, /, *args: Any,
+              **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` with its ops marked for saving (``call`` None: compiled):
+    ``ops`` is `ALL_OPS` or `FLOP_OPS` (see `save_policy`)."""
+    with fx_traceback.annotate({SAVE_KEY: ops}):
         out = fn(*args, **kwargs)
     if call is not None and call.random:
         if call.n > 1:
@@ -61,9 +72,9 @@ def run_saved(call: EagerCall | None, key: str, fn: Any, /, *args: Any, **kwargs
     return out
 
 
-def run_saved_method(call: EagerCall | None, key: str, name: str, obj: Any, /, *args: Any,
-                     **kwargs: Any) -> Any:
-    return run_saved(call, key, getattr(obj, name), *args, **kwargs)
+def run_saved_method(call: EagerCall | None, key: str, ops: str, name: str, obj: Any, /,
+                     *args: Any, **kwargs: Any) -> Any:
+    return run_saved(call, key, ops, getattr(obj, name), *args, **kwargs)
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,10 +93,17 @@ def save_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolic
     run by the replay), and so are its in-place ops (dropout's ``bernoulli_`` mutates a tensor
     it just allocated: replaying it on the cached tensor would apply it twice). Its pure view
     ops are recomputed: caching a view would pin its base (often the node's input) until the
-    replay, and a view costs nothing to redo. Every op of other nodes is recomputed.
+    replay, and a view costs nothing to redo. Every op of other nodes is recomputed. Under
+    ``torch.compile``, a node marked `FLOP_OPS` saves only its ops with FLOPs: its other ops
+    fuse into backward's kernels, where recomputing them spares writing their outputs in
+    forward and reading them back (`cost.compiled_form`).
     """
     custom = fx_traceback.current_meta.get("custom")
-    if custom and custom.get(SAVE_KEY) and not _is_view(op):
+    mark = custom.get(SAVE_KEY) if custom else None
+    if mark and not _is_view(op):
+        if mark == FLOP_OPS and torch.compiler.is_compiling() \
+                and getattr(op, "overloadpacket", None) not in flop_registry:
+            return CheckpointPolicy.PREFER_RECOMPUTE
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 

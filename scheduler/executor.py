@@ -15,8 +15,9 @@ value after its last reader, so values live as long as profiling saw them live.
   module at each call, so what a wrapper such as FSDP2's ``fully_shard`` swaps in is what runs.
   Called submodules (``call_module``) are the model's own module objects, referenced.
 * **Save sets**: each save-set node runs as ``run_saved(...)``, under ``torch.fx.traceback.
-  annotate({SAVE_KEY: True})``, and one pure selective-checkpoint policy (`save_policy`) marks
-  the ops it sees under that annotation MUST_SAVE. Eagerly the annotation is set while the
+  annotate({SAVE_KEY: ops})``, and one pure selective-checkpoint policy (`save_policy`) marks
+  the ops it sees under that annotation MUST_SAVE (with ``ops`` `FLOP_OPS`, under
+  ``torch.compile`` only those with FLOPs: `cost.compiled_form`'s ``flop_saves``). Eagerly the annotation is set while the
   node's ops dispatch; under ``torch.compile`` dynamo records it in the node's metadata and
   AOTAutograd puts it back while it asks the policy about each ATen op of the region.
 * **Eager-only bookkeeping**, skipped when ``torch.compiler.is_compiling()``: after a save-set
@@ -39,7 +40,15 @@ import torch.nn as nn
 
 from .capture.program import Program
 from .capture.randomness import may_draw_random
-from .checkpointing import SAVE_KEY, CheckpointRegion, run_saved, run_saved_method, save_policy
+from .checkpointing import (
+    ALL_OPS,
+    FLOP_OPS,
+    SAVE_KEY,
+    CheckpointRegion,
+    run_saved,
+    run_saved_method,
+    save_policy,
+)
 
 __all__ = ["SAVE_KEY", "CheckpointRegion", "PlannedRegion", "generate", "save_policy"]
 
@@ -56,6 +65,8 @@ class PlannedRegion:
     attrs: list[str] = field(default_factory=list)  # get_attr values its nodes read
     # a nested region's inner regions (their inputs and outputs relative to themselves)
     inner: list[PlannedRegion] = field(default_factory=list)
+    # save-set nodes that save only their ops with FLOPs under torch.compile (`FLOP_OPS`)
+    flop_save: frozenset[str] = frozenset()
 
 
 # -- generation ----------------------------------------------------------------------------
@@ -105,7 +116,8 @@ def _region_module(prog: Program, r: PlannedRegion, label: str,
                 env[every[name]] = body.call_function(operator.getitem, (inner_call, i))
             continue
         for n in sub.nodes:
-            env[n] = _copy_node(body, n, env, call if n.name in r.save else None, prog, modules)
+            env[n] = _copy_node(body, n, env, call if n.name in r.save else None, prog, modules,
+                                FLOP_OPS if n.name in r.flop_save else ALL_OPS)
     body.output(tuple(env[every[o]] for o in r.outputs))
     body.lint()
     attrs = prog.attrs
@@ -120,9 +132,10 @@ def _region_module(prog: Program, r: PlannedRegion, label: str,
 
 
 def _copy_node(g: fx.Graph, node: fx.Node, env: dict[fx.Node, fx.Node],
-               call: fx.Node | None, prog: Program, modules: dict[str, Any]) -> fx.Node:
+               call: fx.Node | None, prog: Program, modules: dict[str, Any],
+               ops: str = ALL_OPS) -> fx.Node:
     """``node`` in graph ``g`` (its submodule, if any, registered in ``modules`` under a flat
-    name); a save-set node (``call`` given) as a `run_saved` call."""
+    name); a save-set node (``call`` given) as a `run_saved` call saving ``ops``."""
     target = node.target
     if node.op == "call_module":
         target = f"m{len(modules)}_{str(node.target).split('.')[-1]}"
@@ -140,7 +153,7 @@ def _copy_node(g: fx.Graph, node: fx.Node, env: dict[fx.Node, fx.Node],
         fn, head = run_saved, (g.get_attr(name),)
     else:
         fn, head = run_saved_method, (target,)
-    new = g.create_node("call_function", fn, (call, node.name, *head, *args), kwargs,
+    new = g.create_node("call_function", fn, (call, node.name, ops, *head, *args), kwargs,
                         name=node.name)
     new.meta = dict(node.meta)
     return new

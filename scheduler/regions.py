@@ -23,6 +23,7 @@ from torch.utils import _pytree as pytree
 
 from .capture.mutation import written_reads
 from .capture.program import Program
+from .cost.compiled_form import flop_saves
 from .executor import PlannedRegion, generate
 from .ir.replays import labelled_recomputed
 from .ir.schedule import Region, Schedule, ScheduleError
@@ -93,9 +94,11 @@ def _plan(prog: Program, schedule: Schedule) -> list[PlannedRegion]:
             f"and the model {b!r}; solve again for this model")
     readers: dict[str, list[int]] = {}
     regions = []
+    flops = flop_saves(schedule)
     for r in schedule.regions:
         nodes = [by_name[n] for n in r.nodes]
-        regions.append(PlannedRegion(r.recompute, nodes, [], [], r.save))
+        regions.append(PlannedRegion(r.recompute, nodes, [], [], r.save,
+                                     flop_save=r.save & flops))
     out_names = {x.name for x in prog.model_out_leaves if isinstance(x, fx.Node)}
     for ri, r in enumerate(regions):
         inside = {n.name for n in r.nodes}

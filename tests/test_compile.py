@@ -11,6 +11,7 @@ is reset before each compilation, so every plan is compiled from its own graph.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -19,11 +20,15 @@ import torch._dynamo as dynamo
 import torch._functorch.config as functorch_config
 import torch._inductor.config as inductor_config
 import torch.nn as nn
+from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.partitioners import min_cut_rematerialization_partition
+import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
+from torch.utils.flop_counter import flop_registry
 
 import scheduler
+from scheduler.cost.compiled_form import compiled_form, flop_saves
 from scheduler.ir.schedule import KEEP, RECOMPUTE, Schedule
 from scheduler.measurement.compiled import compiled_peak
 
@@ -233,6 +238,53 @@ def test_save_set_reaches_the_compiled_graph(gpt_plan: Any) -> None:
     assert CheckpointPolicy.PREFER_RECOMPUTE in tags["plain"]
     # each saved Linear's matmul at least (its views are recomputed)
     assert tags["saving"].count(CheckpointPolicy.MUST_SAVE) >= n_saved
+
+
+def partitioned(module: nn.Module, inputs: Any) -> tuple[dict[str, int], Any]:
+    """``module`` compiled with AOTAutograd and inductor's partitioner (no inductor code):
+    the bytes its forward saves for backward, the ops with FLOPs its backward runs, and its
+    loss and gradients."""
+    seen: dict[str, int] = {}
+
+    def forward(gm: fx.GraphModule, _: Any) -> Any:
+        outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        vals = [a.meta["val"] for a in outs if isinstance(a, fx.Node)
+                and isinstance(a.meta.get("val"), torch.Tensor)]
+        seen["saved_bytes"] = sum(hint(v.numel()) * v.element_size() for v in vals)
+        return make_boxed_func(gm)
+
+    def backward(gm: fx.GraphModule, _: Any) -> Any:
+        seen["flop_ops"] = sum(getattr(n.target, "overloadpacket", None) in flop_registry
+                               for n in gm.graph.nodes if n.op == "call_function")
+        return make_boxed_func(gm)
+
+    dynamo.reset()
+    backend = aot_autograd(fw_compiler=forward, bw_compiler=backward,
+                           partition_fn=min_cut_rematerialization_partition)
+    return seen, grads(torch.compile(module, backend=backend, fullgraph=True), *inputs)
+
+
+def hint(n: Any) -> int:
+    return int(n.node.hint) if isinstance(n, torch.SymInt) else int(n)
+
+
+def test_a_compiled_form_saves_less_and_replays_no_matmul(gpt_plan: Any) -> None:
+    """The compiled form of "no checkpointing" (`cost.compiled_form`: per block one region
+    saving its matmuls' and attention's outputs) compiles to a backward with as many ops
+    with FLOPs as the unmodified model's (nothing with FLOPs replayed) that saves fewer bytes
+    than the model and than the same regions saving every op of their save-set nodes, with
+    the model's gradients."""
+    model, inputs, plan = gpt_plan
+    form = compiled_form(plan.graph, Schedule.none(plan.graph), check_budget=False)
+    assert len(flop_saves(form)) >= 4 * 4  # (per block: attention's and 3 Linears at least)
+    every_op = dataclasses.replace(form, meta={})
+    ref, ref_grads = partitioned(model, inputs)
+    got = {}
+    for name, schedule in [("form", form), ("every op", every_op)]:
+        got[name], g = partitioned(scheduler.apply(model, schedule, inputs), inputs)
+        torch.testing.assert_close(g, ref_grads)
+    assert got["form"]["flop_ops"] == got["every op"]["flop_ops"] == ref["flop_ops"]
+    assert got["form"]["saved_bytes"] < got["every op"]["saved_bytes"] < ref["saved_bytes"]
 
 
 class ConvNet(nn.Module):

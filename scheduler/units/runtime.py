@@ -43,6 +43,7 @@ from ..capture.calls import autocast_state, constant_key, input_specs, module_co
 from ..capture.fingerprint import target_str
 from ..capture.trace import MODEL_ATTR, model_nodes, trace
 from ..capture.usercode import UserCodeWarning
+from ..cost.compiled_form import COMPILED_FORM, FLOP_SAVES, flop_saves
 from ..ir.graph import CostGraph
 from ..ir.region import Region, ScheduleError
 from ..ir.replays import check, unit_calls
@@ -86,6 +87,7 @@ def rewrite_units(model: nn.Module, graph: CostGraph, schedule: Schedule, *, tra
     copies: dict[str, nn.Module] = {"": root}
     forwards: dict[str, UnitForward] = {}
     once: set[str] = set()  # warnings said once for the whole plan
+    flops = flop_saves(schedule)
     for path, spans in calls.items():
         a, b = spans[0]
         inside = set(names[a:b])
@@ -103,7 +105,8 @@ def rewrite_units(model: nn.Module, graph: CostGraph, schedule: Schedule, *, tra
         ops = tuple(_op(graph.node(n).op, graph.node(n).target, path) for n in names[a:b])
         unit = _copy_path(copies, path)
         fwd = UnitForward(unit, tuple(_renamed(r, rel) for r in regions), ops, tracer,
-                          path=path, on_fallback=on_fallback, once=once)
+                          path=path, on_fallback=on_fallback, once=once,
+                          flop_saves=frozenset(rel[n] for n in flops if n in rel))
         unit.__dict__["forward"] = fwd
         forwards[path] = fwd
     plan = UnitsPlan(schedule, why, forwards, loss_fn,
@@ -185,6 +188,8 @@ class UnitForward:
     Attributes:
         path: the unit's module path in the model.
         regions: the unit's regions, nodes named by position (``"#0"``, ``"#1"``, ...).
+        flop_saves: the save-set nodes among them that save only their ops with FLOPs under
+            ``torch.compile`` (`cost.compiled_form.flop_saves`).
         planned_steps, fallback_steps: training calls that ran the regions, and that ran
             the unit's own forward instead.
         on_fallback: ``"warn"`` or ``"raise"``.
@@ -194,8 +199,10 @@ class UnitForward:
 
     def __init__(self, unit: nn.Module, regions: tuple[Region, ...],
                  ops: tuple[tuple[str, str], ...], tracer: str, *, path: str,
-                 on_fallback: str = "warn", once: set[str] | None = None):
+                 on_fallback: str = "warn", once: set[str] | None = None,
+                 flop_saves: frozenset[str] = frozenset()):
         self.module, self.regions, self.ops, self.tracer = unit, regions, ops, tracer
+        self.flop_saves = flop_saves
         self.path = path
         base = unit.__dict__.get("forward")
         self.base = base if base is not None else type(unit).forward
@@ -332,8 +339,9 @@ class UnitForward:
         rel = {f"#{i}": n.name for i, n in enumerate(nodes)}
         try:
             first = [Region("keep", sizes)] if sizes else []  # (size nodes: kept, first)
-            return CheckpointedStep(gm, Schedule(first + [_renamed(r, rel) for r in self.regions]),
-                                    root=call)
+            schedule = Schedule(first + [_renamed(r, rel) for r in self.regions], meta={
+                COMPILED_FORM: {FLOP_SAVES: sorted(rel[n] for n in self.flop_saves)}})
+            return CheckpointedStep(gm, schedule, root=call)
         except ScheduleError as e:
             return f"the unit's regions do not run at this call ({first_line(e)})"
 
