@@ -24,7 +24,7 @@ training steps, all on one torch thread:
 * ``ours B compiled``: at the compile peaks and below them, our plan for compiled execution
   run as ``torch.compile(plan.module)``, found as ``solve(..., execution="compiled")`` finds
   it: a few candidate plans compiled and measured, the fastest whose compiled peak measures
-  within B kept (`our_compiled_plan`, `scheduler.compiled_fit.fit_compiled`; tried where
+  within B kept (`our_compiled_plan`, `scheduler.compiled_fit.fit_compiled_form`; tried where
   no eager plan fits B too); and ``ours none compiled``, our module without checkpointing
   compiled, the compiled base whose measured step the compiled plans' predictions start from
   (`compiled_step_ratios`).
@@ -88,7 +88,7 @@ from _peers_variants import (
 
 import scheduler
 from scheduler.budget import InfeasibleBudgetError
-from scheduler.compiled_fit import fit_compiled
+from scheduler.compiled_fit import fit_compiled_form
 from scheduler.cost.compiled import compiled_costs
 from scheduler.cost.simulate import simulate
 from scheduler.ir.schedule import Schedule
@@ -160,16 +160,17 @@ def our_plan(graph: Any, model: Any, inputs: tuple[Any, ...], budget: int, *,
 def our_compiled_plan(graph: Any, model: Any, inputs: tuple[Any, ...], budget: int, *,
                       time_limit_s: float, predicted: Any, ceiling: int) -> Variant | None:
     """``torch.compile`` of our plan for compiled execution, found as ``solve(...,
-    execution="compiled")`` finds it (`scheduler.compiled_fit.fit_compiled`): candidate plans
-    (``execution="compiled"``: replays priced as under ``torch.compile``, `cost.compiled`)
+    execution="compiled")`` finds it (`scheduler.compiled_fit.fit_compiled_form`): candidate
+    plans (``execution="compiled"``: replays priced as under ``torch.compile``, `cost.compiled`,
+    in their compiled form, `cost.compiled_form`, then as solved if no form fits)
     compiled and their peaks measured by the profiler's memory events, the solver's target
     moved by each measurement, the one with the least compiled recompute whose compiled peak
     is at most ``budget`` kept (``ceiling``: the unscheduled predicted peak, the highest
     target worth solving at). None when no plan's compiled peak measures within
     ``budget``."""
-    def solve_at(target: int) -> Any:
+    def solve_at(target: int, whole: bool) -> Any:
         return scheduler.solve_graph(graph, target, time_limit_s=time_limit_s,
-                                     execution="compiled")
+                                     execution="compiled", measured=whole)
 
     def build_and_measure(result: Any) -> tuple[Variant, int]:
         c = Variant(f"ours {budget / 2**20:.3f} MiB compiled", "ours compiled", None,  # type: ignore
@@ -181,7 +182,14 @@ def our_compiled_plan(graph: Any, model: Any, inputs: tuple[Any, ...], budget: i
         return c, c.peaks[0]
 
     try:
-        fit = fit_compiled(budget, budget, ceiling, solve_at, build_and_measure, progress=say)
+        try:
+            first = solve_at(budget, True)
+        except InfeasibleBudgetError as e:  # (compiled, the least plan may fit: try it)
+            if e.min_feasible_bytes is None:
+                raise
+            first = solve_at(e.min_feasible_bytes, True)
+        fit = fit_compiled_form(budget, first, ceiling, solve_at, build_and_measure,
+                                progress=say)
     except InfeasibleBudgetError:
         return None
     c: Variant = fit.module

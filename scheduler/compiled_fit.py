@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -38,7 +39,7 @@ from .quantities import format_bytes
 from .solvers.base import SolveResult
 
 __all__ = ["COMPILED_PEAK", "CompiledFit", "CompiledPeakWarning", "CompiledTry",
-           "compile_and_measure", "fit_compiled", "warn_unmeasured"]
+           "compile_and_measure", "fit_compiled", "fit_compiled_form", "warn_unmeasured"]
 
 #: ``schedule.meta`` key: the measured peak of the plan's compiled step, in bytes
 COMPILED_PEAK = "compiled_peak_bytes"
@@ -191,6 +192,45 @@ def fit_compiled(budget_bytes: int, target_bytes: int, ceiling_bytes: int,
     schedule = dataclasses.replace(result.schedule,
                                    meta={**result.schedule.meta, COMPILED_PEAK: peak})
     return CompiledFit(dataclasses.replace(result, schedule=schedule), module, peak, tuple(tries))
+
+
+def fit_compiled_form(budget_bytes: int, first: SolveResult, ceiling_bytes: int,
+                      solve_at: Callable[[int, bool], SolveResult],
+                      build_and_measure: Callable[[SolveResult], tuple[Any, int]], *,
+                      progress: Callable[[str], None] | None = None) -> CompiledFit:
+    """`fit_compiled` over plans in their compiled form (`cost.compiled_form`), then, where
+    none measured within the budget, over the plans as solved.
+
+    The form replays each block's fused ops in one replay, which below compile's own peaks
+    can need more memory than the plan it came from (on a small GPT at 65% of its eager
+    peak, forms measured 3.49-3.73 MiB against a budget of 3.47 MiB). So up to twice
+    `fit_compiled`'s compiles are spent where the budget is that tight.
+
+    Args:
+        budget_bytes, ceiling_bytes, build_and_measure, progress: as `fit_compiled`'s.
+        first: the solver's result at the first target, its schedule in its whole form.
+        solve_at: ``(target, whole) -> SolveResult``: the plan at ``target``, in its compiled
+            form in every block (``whole``) or only where its predicted peak keeps to the
+            target (`plan.solve_graph`'s ``measured``).
+
+    Raises:
+        InfeasibleBudgetError: neither search measured a plan within the budget; of the two
+            errors, the one naming the lower least measured peak.
+    """
+    def fit(start: SolveResult, whole: bool) -> CompiledFit:
+        return fit_compiled(budget_bytes, start.budget_bytes, ceiling_bytes,
+                            lambda t: start if t == start.budget_bytes else solve_at(t, whole),
+                            build_and_measure, progress=progress)
+    try:
+        return fit(first, True)
+    except InfeasibleBudgetError as e:
+        if progress is not None:
+            progress("no plan in its compiled form measured within the budget; trying the "
+                     "plans as solved")
+        try:
+            return fit(solve_at(first.budget_bytes, False), False)
+        except InfeasibleBudgetError as again:
+            raise min(e, again, key=lambda x: x.min_feasible_bytes or math.inf) from None
 
 
 def falls_as_target_rises(tries: list[CompiledTry], budget_bytes: int) -> bool:

@@ -19,8 +19,14 @@ import torch.nn as nn
 
 from .budget import InfeasibleBudgetError, budget_spec, infeasible_error, parse_budget
 from .capture.profile import check_profile_options
-from .compiled_fit import COMPILED_PEAK, compile_and_measure, fit_compiled, warn_unmeasured
+from .compiled_fit import (
+    COMPILED_PEAK,
+    compile_and_measure,
+    fit_compiled_form,
+    warn_unmeasured,
+)
 from .cost.compiled import check_execution, costs_for
+from .cost.compiled_form import compiled_form
 from .cost.estimate import Estimate
 from .cost.simulate import simulate
 from .distributed import check_unwrapped, process_group, same_schedule
@@ -151,8 +157,10 @@ class Plan:
         ])
 
     def __repr__(self) -> str:
-        return (f"Plan({self.result.solver} {self.status}: peak "
-                f"{format_bytes(self.estimate.peak_bytes)} <= budget "
+        peak = (f"compiled peak {format_bytes(self.compiled_peak_bytes)}"
+                if self.compiled_peak_bytes is not None
+                else f"peak {format_bytes(self.estimate.peak_bytes)}")
+        return (f"Plan({self.result.solver} {self.status}: {peak} <= budget "
                 f"{format_bytes(self.budget_bytes)}, recompute "
                 f"{format_seconds(self.estimate.recompute_s)} (+{self.estimate.overhead:.1%}), "
                 f"{len(self.schedule.recompute_regions)}/{len(self.schedule.regions)} regions "
@@ -162,7 +170,7 @@ class Plan:
 def solve_graph(graph: CostGraph | str | Path, budget: int | float | str, *,
                 solver: str = "auto",
                 time_limit_s: float | None = 30.0, headroom: float = 0.0,
-                execution: str = "eager") -> SolveResult:
+                execution: str = "eager", measured: bool = False) -> SolveResult:
     """Solve a profiled graph for the schedule with the least recompute time within a budget.
 
     Args:
@@ -183,7 +191,13 @@ def solve_graph(graph: CostGraph | str | Path, budget: int | float | str, *,
             plan's module (`cost.compiled`: matmuls, convolutions and attention replay at
             their eager time, the ops that fuse into backward's kernels and the checkpoint's
             machinery cost nothing, and it stashes no RNG state). Peaks are the eager cost
-            model's either way.
+            model's either way. A schedule for ``"compiled"`` is returned in its compiled form
+            (`cost.compiled_form`: per block one selective checkpoint that replays the ops
+            without FLOPs it can), in every block whose form keeps the predicted peak within
+            the budget.
+        measured: with ``"compiled"``, the caller measures the compiled step's peak against
+            the budget (`solve`'s `compiled_fit.fit_compiled_form`): every block takes its
+            compiled form, even where the eager predicted peak is then above the budget.
 
     Returns:
         The solver's `SolveResult`, certified: ``OPTIMAL`` or ``FEASIBLE`` over the full
@@ -198,6 +212,8 @@ def solve_graph(graph: CostGraph | str | Path, budget: int | float | str, *,
         ValueError: a bad budget, time limit, headroom or execution.
     """
     time_limit_s = check_time_limit(time_limit_s)
+    if not isinstance(measured, bool):
+        raise ValueError(f"measured must be True or False, got {measured!r}")
     if not (isinstance(headroom, numbers.Real) and 0 <= headroom < 1):
         raise ValueError(f"headroom must be a fraction in [0, 1), got {headroom!r}")
     get_solver(solver)  # (an unknown name fails before anything runs)
@@ -218,6 +234,12 @@ def solve_graph(graph: CostGraph | str | Path, budget: int | float | str, *,
     if stamp and result.schedule is not None:
         result = dataclasses.replace(result, schedule=dataclasses.replace(
             result.schedule, meta={**result.schedule.meta, **stamp}))
+    if execution == "compiled" and result.schedule is not None:
+        form = compiled_form(costs, result.schedule, check_budget=not measured)
+        if form is not result.schedule:
+            estimate = simulate(costs, form)
+            result = dataclasses.replace(result, schedule=dataclasses.replace(
+                form, estimate=estimate.to_dict()), estimate=estimate)
     return result
 
 
@@ -342,7 +364,7 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     say(f"solving with {solver}")
     try:
         result = solve_graph(graph, budget, solver=solver, time_limit_s=time_limit_s,
-                             headroom=headroom, execution=execution)
+                             headroom=headroom, execution=execution, measured=fit_here)
     except InfeasibleBudgetError as e:
         if not fit_here or e.min_feasible_bytes is None:
             raise
@@ -350,7 +372,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
         say(f"no plan's predicted peak fits; compiling the plan at "
             f"{format_bytes(e.min_feasible_bytes)}")
         result = solve_graph(graph, e.min_feasible_bytes, solver=solver,
-                             time_limit_s=time_limit_s, headroom=headroom, execution=execution)
+                             time_limit_s=time_limit_s, headroom=headroom, execution=execution,
+                             measured=True)
     assert result.schedule is not None and result.estimate is not None, result
     schedule = same_schedule(result.schedule, graph=graph)  # rank 0's, under torch.distributed
     if schedule is not result.schedule:
@@ -369,23 +392,21 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
             # MixedPrecisionPolicy they run in another dtype: they trace at the first call)
         return module
 
-    def solved(target: int) -> SolveResult:
-        if target == result.budget_bytes:
-            return result
+    def solve_at(target: int, measured: bool) -> SolveResult:
         res = solve_graph(graph, target, solver=solver, time_limit_s=time_limit_s,
-                          execution=execution)
+                          execution=execution, measured=measured)
         return dataclasses.replace(res, schedule=stamped(res.schedule, gm, choice))
 
     if execution != "compiled" or not measure_compiled:
         module = build(result)
     elif fit_here:
         say("compiling the plan to measure its peak")
-        fit = fit_compiled(int(budget_bytes * (1 - headroom)), result.budget_bytes,
-                           unconstrained, solved,
-                           lambda res: compile_and_measure(
-                               build(res), inputs, loss_fn=gm.meta["scheduler"].loss_fn),
-                           progress=say)
-        result, module = fit.result, fit.module
+        found = fit_compiled_form(
+            int(budget_bytes * (1 - headroom)), result, unconstrained, solve_at,
+            lambda res: compile_and_measure(build(res), inputs,
+                                            loss_fn=gm.meta["scheduler"].loss_fn),
+            progress=say)
+        result, module = found.result, found.module
     else:
         warn_unmeasured(graph)
         module = build(result)

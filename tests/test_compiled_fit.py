@@ -7,6 +7,7 @@ measurement is tested in tests/test_compile.py (slow: it compiles)."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
@@ -15,7 +16,12 @@ import torch
 
 import scheduler
 from scheduler.budget import InfeasibleBudgetError
-from scheduler.compiled_fit import COMPILED_PEAK, CompiledPeakWarning, fit_compiled
+from scheduler.compiled_fit import (
+    COMPILED_PEAK,
+    CompiledPeakWarning,
+    fit_compiled,
+    fit_compiled_form,
+)
 from scheduler.cost.simulate import simulate
 from scheduler.ir.schedule import Schedule
 from scheduler.plan import solve_graph
@@ -205,3 +211,56 @@ def test_a_fake_profiled_plan_for_compile_warns_that_its_peak_is_not_measured() 
         warnings.simplefilter("error", CompiledPeakWarning)
         scheduler.solve(model, inputs, budget="80%", execution="compiled", mode="fake",
                         time_limit_s=5, measure_compiled=False)
+
+
+class Forms:
+    """``solve_at(target, whole)`` for `fit_compiled_form`: the solver's plan, marked when in
+    its whole form, with the forms measured at ``form_factor`` x their predicted peak and the
+    plans as solved at 1.0; counts the solves of each."""
+
+    def __init__(self, form_factor: float) -> None:
+        self.form_factor = form_factor
+        self.solves = {True: 0, False: 0}
+
+    def solve_at(self, target: int, whole: bool) -> Any:
+        self.solves[whole] += 1
+        res = solve_at(target)
+        return dataclasses.replace(res, schedule=dataclasses.replace(
+            res.schedule, meta={**res.schedule.meta, "whole": whole}))
+
+    def measure(self, result: Any) -> tuple[Any, int]:
+        factor = self.form_factor if result.schedule.meta["whole"] else 1.0
+        return result.schedule, int(factor * simulate(GRAPH, result.schedule).peak_bytes)
+
+
+def test_a_form_measured_within_the_budget_is_kept_without_trying_the_plans_as_solved() -> None:
+    budget = int(0.7 * UNSCHEDULED)
+    forms = Forms(0.9)
+    got = fit_compiled_form(budget, forms.solve_at(budget, True), UNSCHEDULED, forms.solve_at,
+                            forms.measure)
+    assert got.result.schedule.meta["whole"] and got.peak_bytes <= budget
+    assert forms.solves[False] == 0
+
+
+def test_where_no_form_measures_within_the_budget_the_plans_as_solved_are_fitted() -> None:
+    budget = int(0.7 * UNSCHEDULED)
+    forms = Forms(10.0)  # (no form measures within)
+    said: list[str] = []
+    got = fit_compiled_form(budget, forms.solve_at(budget, True), UNSCHEDULED, forms.solve_at,
+                            forms.measure, progress=said.append)
+    assert not got.result.schedule.meta["whole"]
+    ref = fit(budget, Measured(1.0))  # (the search over the plans as solved alone)
+    assert got.result.schedule.regions == ref.result.schedule.regions
+    assert got.peak_bytes == ref.peak_bytes <= budget
+    assert any("as solved" in line for line in said)
+
+
+def test_where_neither_measures_within_the_error_names_the_lower_least_peak() -> None:
+    floor = least_predicted_peak()
+    budget = int(0.5 * floor)
+    forms = Forms(1.5)
+    with pytest.raises(InfeasibleBudgetError) as info:
+        fit_compiled_form(budget, forms.solve_at(floor, True), UNSCHEDULED, forms.solve_at,
+                          forms.measure)
+    # (the plans as solved measured at their prediction: the least is the floor's plan)
+    assert info.value.min_feasible_bytes == simulate(GRAPH, solve_at(floor).schedule).peak_bytes
