@@ -33,6 +33,7 @@ import torch._dynamo.config as dynamo_config
 import torch.nn as nn
 
 from .budget import InfeasibleBudgetError
+from .cost.compiled_form import flop_saves
 from .ir.graph import CostGraph
 from .measurement.compiled import compiled_peak
 from .quantities import format_bytes
@@ -73,9 +74,11 @@ class CompiledFit:
 
 
 def schedule_key(result: SolveResult) -> str:
-    """What makes two results' plans the same step: their regions."""
+    """What makes two results' plans the same step: their regions and which save-set nodes
+    save only their FLOP ops."""
     assert result.schedule is not None
-    return json.dumps([r.to_dict() for r in result.schedule.regions], sort_keys=True)
+    return json.dumps([[r.to_dict() for r in result.schedule.regions],
+                       sorted(flop_saves(result.schedule))], sort_keys=True)
 
 
 def fit_compiled(budget_bytes: int, target_bytes: int, ceiling_bytes: int,
@@ -188,23 +191,35 @@ def fit_compiled(budget_bytes: int, target_bytes: int, ceiling_bytes: int,
             budget_bytes=budget_bytes,
             min_feasible_bytes=least.peak_bytes)
     _, peak, result, module = best
+    return _fitted(result, module, peak, tuple(tries))
+
+
+def _fitted(result: SolveResult, module: Any, peak: int,
+            tries: tuple[CompiledTry, ...]) -> CompiledFit:
+    """The `CompiledFit` keeping ``result``, its schedule stamped with its measured peak."""
     assert result.schedule is not None
     schedule = dataclasses.replace(result.schedule,
                                    meta={**result.schedule.meta, COMPILED_PEAK: peak})
-    return CompiledFit(dataclasses.replace(result, schedule=schedule), module, peak, tuple(tries))
+    return CompiledFit(dataclasses.replace(result, schedule=schedule), module, peak, tries)
 
 
 def fit_compiled_form(budget_bytes: int, first: SolveResult, ceiling_bytes: int,
                       solve_at: Callable[[int, bool], SolveResult],
                       build_and_measure: Callable[[SolveResult], tuple[Any, int]], *,
                       progress: Callable[[str], None] | None = None) -> CompiledFit:
-    """`fit_compiled` over plans in their compiled form (`cost.compiled_form`), then, where
-    none measured within the budget, over the plans as solved.
+    """`fit_compiled` over plans in their compiled form (`cost.compiled_form`), after the
+    form of the plan at ``ceiling_bytes``, and then, where no form measured within the
+    budget, over the plans as solved.
 
-    The form replays each block's fused ops in one replay, which below compile's own peaks
-    can need more memory than the plan it came from (on a small GPT at 65% of its eager
-    peak, forms measured 3.49-3.73 MiB against a budget of 3.47 MiB). So up to twice
-    `fit_compiled`'s compiles are spent where the budget is that tight.
+    The plan at the ceiling replays no FLOP op, so its form is the fastest plan there is
+    under the compiled time model, and compiled it can need less memory than forms that
+    replay more (on the GPT example, 11.44 MiB, against 12.29 MiB for the form solved at
+    12.86 MiB): where it measures within the budget it is kept at the cost of one compile.
+    A form replays each block's fused ops in one replay, which below compile's own peaks can
+    need more memory than the plan it came from (on a small GPT at 65% of its eager peak,
+    forms measured 3.49-3.73 MiB against a budget of 3.47 MiB), so up to twice
+    `fit_compiled`'s compiles are spent where the budget is that tight. A plan met again is
+    not compiled again.
 
     Args:
         budget_bytes, ceiling_bytes, build_and_measure, progress: as `fit_compiled`'s.
@@ -217,10 +232,28 @@ def fit_compiled_form(budget_bytes: int, first: SolveResult, ceiling_bytes: int,
         InfeasibleBudgetError: neither search measured a plan within the budget; of the two
             errors, the one naming the lower least measured peak.
     """
+    measured: dict[str, tuple[Any, int]] = {}
+
+    def measure(result: SolveResult) -> tuple[Any, int]:
+        key = schedule_key(result)
+        if key not in measured:
+            measured[key] = build_and_measure(result)
+        return measured[key]
+
     def fit(start: SolveResult, whole: bool) -> CompiledFit:
         return fit_compiled(budget_bytes, start.budget_bytes, ceiling_bytes,
                             lambda t: start if t == start.budget_bytes else solve_at(t, whole),
-                            build_and_measure, progress=progress)
+                            measure, progress=progress)
+    if first.budget_bytes < ceiling_bytes:
+        top = solve_at(ceiling_bytes, True)
+        module, peak = measure(top)
+        if progress is not None:
+            progress(f"the plan replaying no FLOP op: compiled peak {format_bytes(peak)} "
+                     f"against {format_bytes(budget_bytes)}")
+        if peak <= budget_bytes:
+            assert top.estimate is not None
+            return _fitted(top, module, peak, (CompiledTry(
+                ceiling_bytes, top.estimate.peak_bytes, top.estimate.recompute_s, peak),))
     try:
         return fit(first, True)
     except InfeasibleBudgetError as e:

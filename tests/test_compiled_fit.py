@@ -22,6 +22,7 @@ from scheduler.compiled_fit import (
     fit_compiled,
     fit_compiled_form,
 )
+from scheduler.cost.compiled_form import COMPILED_FORM, FLOP_SAVES
 from scheduler.cost.simulate import simulate
 from scheduler.ir.schedule import Schedule
 from scheduler.plan import solve_graph
@@ -215,7 +216,8 @@ def test_a_fake_profiled_plan_for_compile_warns_that_its_peak_is_not_measured() 
 
 class Forms:
     """``solve_at(target, whole)`` for `fit_compiled_form`: the solver's plan, marked when in
-    its whole form, with the forms measured at ``form_factor`` x their predicted peak and the
+    its whole form (with a node saving only its FLOP ops, as a form has: another step than the
+    plan as solved), with the forms measured at ``form_factor`` x their predicted peak and the
     plans as solved at 1.0; counts the solves of each."""
 
     def __init__(self, form_factor: float) -> None:
@@ -225,8 +227,9 @@ class Forms:
     def solve_at(self, target: int, whole: bool) -> Any:
         self.solves[whole] += 1
         res = solve_at(target)
+        form = {COMPILED_FORM: {FLOP_SAVES: [GRAPH.compute_nodes[0]]}} if whole else {}
         return dataclasses.replace(res, schedule=dataclasses.replace(
-            res.schedule, meta={**res.schedule.meta, "whole": whole}))
+            res.schedule, meta={**res.schedule.meta, "whole": whole, **form}))
 
     def measure(self, result: Any) -> tuple[Any, int]:
         factor = self.form_factor if result.schedule.meta["whole"] else 1.0
@@ -264,3 +267,26 @@ def test_where_neither_measures_within_the_error_names_the_lower_least_peak() ->
                           forms.measure)
     # (the plans as solved measured at their prediction: the least is the floor's plan)
     assert info.value.min_feasible_bytes == simulate(GRAPH, solve_at(floor).schedule).peak_bytes
+
+
+def test_where_the_plan_replaying_no_flop_op_measures_within_it_is_kept_after_one_compile(
+) -> None:
+    budget = int(0.95 * UNSCHEDULED)
+    forms = Forms(0.9)
+    calls: list[Any] = []
+
+    def measure(result: Any) -> tuple[Any, int]:
+        calls.append(result)
+        return forms.measure(result)
+
+    got = fit_compiled_form(budget, forms.solve_at(int(0.7 * UNSCHEDULED), True), UNSCHEDULED,
+                            forms.solve_at, measure)
+    assert len(calls) == 1 and got.peak_bytes <= budget
+    assert got.result.schedule.regions == solve_at(UNSCHEDULED).schedule.regions
+    assert got.result.schedule.meta[COMPILED_PEAK] == got.peak_bytes
+    # (where it measures over the budget, the search goes on from the first target)
+    forms = Forms(0.9)
+    calls.clear()
+    low = int(0.7 * UNSCHEDULED)
+    got = fit_compiled_form(low, forms.solve_at(low, True), UNSCHEDULED, forms.solve_at, measure)
+    assert got.peak_bytes <= low and len(calls) > 1
