@@ -217,9 +217,9 @@ def fit_compiled_form(budget_bytes: int, first: SolveResult, ceiling_bytes: int,
     12.86 MiB): where it measures within the budget it is kept at the cost of one compile.
     A form replays each block's fused ops in one replay, which below compile's own peaks can
     need more memory than the plan it came from (on a small GPT at 65% of its eager peak,
-    forms measured 3.49-3.73 MiB against a budget of 3.47 MiB), so up to twice
-    `fit_compiled`'s compiles are spent where the budget is that tight. A plan met again is
-    not compiled again.
+    forms measured 3.49-3.73 MiB against a budget of 3.47 MiB), so where the budget is that
+    tight up to one compile and twice `fit_compiled`'s are spent. A plan met again is not
+    compiled again.
 
     Args:
         budget_bytes, ceiling_bytes, build_and_measure, progress: as `fit_compiled`'s.
