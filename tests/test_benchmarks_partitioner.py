@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._functorch.config as functorch_config
 import torch._functorch.partitioners as partitioners
+import torch._inductor.config as inductor_config
 import torch.nn as nn
 from torch.utils.checkpoint import CheckpointPolicy
 
@@ -53,7 +55,10 @@ def test_the_spy_records_what_the_backward_receives_and_restores_the_partitioner
     torch.manual_seed(0)
     original = partitioners.choose_saved_values_set
     x = torch.randn(4, 8)
-    with partitioner.Saved() as saved:
+    # (caches off, as the benchmark has them: a cached graph from an earlier run skips the
+    # partitioner, and the spy would see nothing)
+    with partitioner.Saved() as saved, inductor_config.patch(force_disable_caches=True), \
+            functorch_config.patch(enable_autograd_cache=False):
         saved.current = "net"
         torch._dynamo.reset()
         partitioner.Variant("net", "", partitioner.compiled(Net(), 1.0, [0]), (x,),
