@@ -22,7 +22,7 @@ from scheduler.compiled_fit import (
     fit_compiled,
     fit_compiled_form,
 )
-from scheduler.cost.compiled_form import COMPILED_FORM, FLOP_SAVES
+from scheduler.cost.compiled_form import flop_saves_meta
 from scheduler.cost.simulate import simulate
 from scheduler.ir.schedule import Schedule
 from scheduler.plan import solve_graph
@@ -227,7 +227,7 @@ class Forms:
     def solve_at(self, target: int, whole: bool) -> Any:
         self.solves[whole] += 1
         res = solve_at(target)
-        form = {COMPILED_FORM: {FLOP_SAVES: [GRAPH.compute_nodes[0]]}} if whole else {}
+        form = flop_saves_meta([GRAPH.compute_nodes[0]]) if whole else {}
         return dataclasses.replace(res, schedule=dataclasses.replace(
             res.schedule, meta={**res.schedule.meta, "whole": whole, **form}))
 

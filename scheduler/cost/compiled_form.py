@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..ir.region import KEEP, RECOMPUTE, Region, ScheduleError
 from ..ir.replays import recompute_limits
@@ -54,7 +54,8 @@ if TYPE_CHECKING:
     from ..ir.graph import CostGraph
     from ..ir.schedule import Schedule
 
-__all__ = ["COMPILED_FORM", "FLOP_SAVES", "compiled_form", "flop_saves", "fused"]
+__all__ = ["COMPILED_FORM", "FLOP_SAVES", "compiled_form", "flop_saves", "flop_saves_meta",
+           "fused"]
 
 #: ``schedule.meta`` key: what `compiled_form` changed (``{"replays_added": nodes the
 #: schedule kept that the form replays, "blocks": blocks in their form, FLOP_SAVES: ...}``)
@@ -228,6 +229,12 @@ def flop_saves(schedule: Schedule) -> frozenset[str]:
         raise ScheduleError(f"meta.{COMPILED_FORM}.{FLOP_SAVES}: expected a list of node "
                             f"names, got {names!r:.200}; solve again")
     return frozenset(names)
+
+
+def flop_saves_meta(names: Iterable[str]) -> dict[str, Any]:
+    """The ``schedule.meta`` entry that `flop_saves` reads back as ``names``: for a schedule
+    built from a compiled form's pieces (a unit's regions renamed at a call)."""
+    return {COMPILED_FORM: {FLOP_SAVES: sorted(names)}}
 
 
 def _merged_keeps(regions: list[Region]) -> list[Region]:

@@ -43,7 +43,7 @@ from ..capture.calls import autocast_state, constant_key, input_specs, module_co
 from ..capture.fingerprint import target_str
 from ..capture.trace import MODEL_ATTR, model_nodes, trace
 from ..capture.usercode import UserCodeWarning
-from ..cost.compiled_form import COMPILED_FORM, FLOP_SAVES, flop_saves
+from ..cost.compiled_form import flop_saves, flop_saves_meta
 from ..ir.graph import CostGraph
 from ..ir.region import Region, ScheduleError
 from ..ir.replays import check, unit_calls
@@ -339,8 +339,8 @@ class UnitForward:
         rel = {f"#{i}": n.name for i, n in enumerate(nodes)}
         try:
             first = [Region("keep", sizes)] if sizes else []  # (size nodes: kept, first)
-            schedule = Schedule(first + [_renamed(r, rel) for r in self.regions], meta={
-                COMPILED_FORM: {FLOP_SAVES: sorted(rel[n] for n in self.flop_saves)}})
+            schedule = Schedule(first + [_renamed(r, rel) for r in self.regions],
+                                meta=flop_saves_meta(rel[n] for n in self.flop_saves))
             return CheckpointedStep(gm, schedule, root=call)
         except ScheduleError as e:
             return f"the unit's regions do not run at this call ({first_line(e)})"

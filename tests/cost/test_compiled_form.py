@@ -19,7 +19,8 @@ from _chain import chain
 
 import scheduler
 from scheduler.cost.compiled import compiled_costs
-from scheduler.cost.compiled_form import COMPILED_FORM, compiled_form, flop_saves
+from scheduler.cost.compiled_form import (COMPILED_FORM, compiled_form, flop_saves,
+                                          flop_saves_meta)
 from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import CostGraph, WrittenRead
 from scheduler.ir.schedule import KEEP, RECOMPUTE, Region, Schedule, ScheduleError
@@ -145,6 +146,13 @@ def test_a_schedule_not_in_its_form_saves_every_op() -> None:
     bad = replace(Schedule.none(g), meta={COMPILED_FORM: {"flop_saves": "n1"}})
     with pytest.raises(ScheduleError, match="flop_saves"):
         flop_saves(bad)
+
+
+def test_the_meta_a_unit_builds_reads_back_as_the_names_it_was_given() -> None:
+    g = graph()
+    names = ["n3", "n1"]
+    assert flop_saves(replace(Schedule.none(g), meta=flop_saves_meta(names))) == {"n1", "n3"}
+    assert flop_saves(replace(Schedule.none(g), meta=flop_saves_meta([]))) == frozenset()
 
 
 def test_the_prediction_keeps_to_the_budget() -> None:
