@@ -1,10 +1,12 @@
 """benchmarks/partitioner.py: its arguments are checked by value, its policy saves exactly the
-compute-intensive ops, and its spy on the partitioner records a compiled graph's saved tensors
+compute-intensive ops, its form variant saves what nodes with FLOPs read (on a chain whose
+readers are known), and its spy on the partitioner records a compiled graph's saved tensors
 (a small MLP's: its ReLU's output among them, no more than its activations and weights) and
 puts the partitioner back."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -14,7 +16,10 @@ import torch._functorch.config as functorch_config
 import torch._functorch.partitioners as partitioners
 import torch._inductor.config as inductor_config
 import torch.nn as nn
+from _chain import chain
 from torch.utils.checkpoint import CheckpointPolicy
+
+from scheduler.ir.schedule import RECOMPUTE, Region, Schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -26,12 +31,25 @@ finally:
 aten = torch.ops.aten
 
 
-@pytest.mark.parametrize("argv,named", [(["--examples", "unet"], "'unet'"),
+@pytest.mark.parametrize("argv,named", [(["--examples", "mlp"], "'mlp'"),
                                         (["--rounds", "0"], "got 0")])
 def test_bad_arguments_are_refused_by_value(argv, named, capsys) -> None:
     with pytest.raises(SystemExit) as e:
         partitioner.main(argv)
     assert e.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_the_form_saves_as_well_what_nodes_with_flops_read_and_nothing_else() -> None:
+    # n0 -> n1 (matmul) -> n2 -> n3 -> n4 (matmul) -> n5: n0 and n3 are read by a matmul
+    g = chain([""] * 6)
+    g = dataclasses.replace(g, nodes=[dataclasses.replace(
+        n, flop_share=1.0 if n.name in ("n1", "n4") else 0.0) for n in g.nodes])
+    names = g.compute_nodes
+    s = Schedule([Region(RECOMPUTE, tuple(names[:3]), frozenset({"n1"})),
+                  Region(RECOMPUTE, tuple(names[3:]), frozenset())])
+    got = partitioner.flop_inputs_saved(g, s)
+    assert [r.save for r in got.regions] == [{"n0", "n1"}, {"n3"}]
+    assert [r.nodes for r in got.regions] == [r.nodes for r in s.regions]
 
 
 def test_the_policy_saves_the_compute_intensive_ops_and_recomputes_the_rest() -> None:
