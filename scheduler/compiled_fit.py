@@ -40,7 +40,8 @@ from .quantities import format_bytes
 from .solvers.base import SolveResult
 
 __all__ = ["COMPILED_PEAK", "CompiledFit", "CompiledPeakWarning", "CompiledTry",
-           "compile_and_measure", "fit_compiled", "fit_compiled_form", "warn_unmeasured"]
+           "EagerRunWarning", "WarnEagerRun", "compile_and_measure", "fit_compiled",
+           "fit_compiled_form", "warn_unmeasured"]
 
 #: ``schedule.meta`` key: the measured peak of the plan's compiled step, in bytes
 COMPILED_PEAK = "compiled_peak_bytes"
@@ -48,6 +49,40 @@ COMPILED_PEAK = "compiled_peak_bytes"
 
 class CompiledPeakWarning(UserWarning):
     """A plan for ``torch.compile`` whose compiled peak could not be measured here."""
+
+
+class EagerRunWarning(UserWarning):
+    """A plan fitted for ``torch.compile`` ran eagerly, where its step is predicted over its
+    budget."""
+
+
+class WarnEagerRun:
+    """A forward pre-hook for the module of a plan fitted for ``torch.compile`` whose eager
+    step is predicted over its budget: at the module's first call outside ``torch.compile``
+    it warns (`EagerRunWarning`) that the budget holds compiled only, and how to run it.
+    Traced by dynamo, it finds itself compiling and says nothing. (A class, not a closure, so
+    that the module still pickles.)"""
+
+    def __init__(self, eager_peak_bytes: int, budget_bytes: int,
+                 compiled_peak_bytes: int | None) -> None:
+        self.eager_peak_bytes = eager_peak_bytes
+        self.budget_bytes = budget_bytes
+        self.compiled_peak_bytes = compiled_peak_bytes
+        self.warned = False
+
+    def __call__(self, module: nn.Module, args: Any) -> None:
+        if self.warned or torch.compiler.is_compiling():
+            return
+        self.warned = True
+        measured = ("" if self.compiled_peak_bytes is None else
+                    f" (its compiled step measured {format_bytes(self.compiled_peak_bytes)})")
+        warnings.warn(
+            f"this plan was fitted for torch.compile{measured}, but it runs eagerly here, "
+            f"where its step is predicted at {format_bytes(self.eager_peak_bytes)}, over the "
+            f"budget {format_bytes(self.budget_bytes)}: compiled, it replays fused ops that "
+            f"an eager step would keep. Run torch.compile(plan.module), or solve with "
+            f"execution=\"eager\" to train eagerly",
+            EagerRunWarning, stacklevel=2)
 
 
 @dataclass(frozen=True)

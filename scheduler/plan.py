@@ -20,6 +20,7 @@ from .budget import InfeasibleBudgetError, budget_spec, infeasible_error, parse_
 from .capture.profile import check_profile_options
 from .compiled_fit import (
     COMPILED_PEAK,
+    WarnEagerRun,
     compile_and_measure,
     fit_compiled_form,
     warn_unmeasured,
@@ -198,7 +199,9 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
             predicted peak is tried with the plan at the least one: inductor's step often
             needs less than the eager prediction. Elsewhere, or False, the budget
             holds for the eager step's predicted peak (a `compiled_fit.CompiledPeakWarning`
-            says so unless False).
+            says so unless False). A plan measured within the budget compiled whose eager
+            step is predicted over it warns once at its module's first call outside
+            ``torch.compile`` (`compiled_fit.EagerRunWarning`).
 
     Returns:
         A `Plan`: ``plan.module``, ``plan.estimate``, ``plan.status``, ``plan.save(path)``.
@@ -288,6 +291,9 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     else:
         warn_unmeasured(graph)
         module = build(result)
+    if execution == "compiled" and result.estimate.peak_bytes > budget_bytes:
+        module.register_forward_pre_hook(WarnEagerRun(
+            result.estimate.peak_bytes, budget_bytes, result.schedule.meta.get(COMPILED_PEAK)))
     return Plan(module=module, units=choice,
                 schedule=result.schedule,
                 estimate=result.estimate, status=result.status, gap=result.gap,

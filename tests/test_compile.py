@@ -28,6 +28,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from torch.utils.flop_counter import flop_registry
 
 import scheduler
+from scheduler.compiled_fit import EagerRunWarning
 from scheduler.cost.compiled_form import compiled_form, flop_saves
 from scheduler.ir.schedule import KEEP, RECOMPUTE, Schedule
 from scheduler.measurement.compiled import compiled_peak
@@ -144,6 +145,11 @@ def test_a_budget_below_every_eager_prediction_is_met_compiled() -> None:
     assert peak <= budget
     assert abs(peak - plan.compiled_peak_bytes) <= 0.01 * peak, (peak, plan.compiled_peak_bytes)
     torch.testing.assert_close(grads(compiled, *inputs), grads(model, *inputs))
+    # run eagerly, its step is predicted over the budget: the module says so, once
+    with pytest.warns(EagerRunWarning, match="fitted for torch.compile") as caught:
+        plan.module(*inputs)
+        plan.module(*inputs)
+    assert len([w for w in caught if w.category is EagerRunWarning]) == 1
 
 
 def test_fallbacks_under_compile_compute_the_models_outputs(gpt_plan: Any) -> None:

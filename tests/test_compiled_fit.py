@@ -8,6 +8,7 @@ measurement is tested in tests/test_compile.py (slow: it compiles)."""
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import warnings
 from typing import Any
 
@@ -19,6 +20,8 @@ from scheduler.budget import InfeasibleBudgetError
 from scheduler.compiled_fit import (
     COMPILED_PEAK,
     CompiledPeakWarning,
+    EagerRunWarning,
+    WarnEagerRun,
     fit_compiled,
     fit_compiled_form,
 )
@@ -290,3 +293,23 @@ def test_where_the_plan_replaying_no_flop_op_measures_within_it_is_kept_after_on
     low = int(0.7 * UNSCHEDULED)
     got = fit_compiled_form(low, forms.solve_at(low, True), UNSCHEDULED, forms.solve_at, measure)
     assert got.peak_bytes <= low and len(calls) > 1
+
+
+def test_a_plan_fitted_for_compile_warns_once_when_it_runs_eagerly_and_never_compiled() -> None:
+    hook = WarnEagerRun(3 << 20, 2 << 20, 1 << 20)
+    net = torch.nn.Linear(4, 4)
+    net.register_forward_pre_hook(hook)
+    x = torch.randn(2, 4)
+    compiled = torch.compile(net, backend="eager", fullgraph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled(x)  # (traced: the hook finds itself compiling)
+    assert not hook.warned
+    with pytest.warns(EagerRunWarning) as caught:
+        net(x)
+        net(x)
+    assert len(caught) == 1
+    text = str(caught[0].message)
+    assert all(s in text for s in ("3.00 MiB", "2.00 MiB", "1.00 MiB", "torch.compile(plan.module)",
+                                   'execution="eager"')), text
+    assert pickle.loads(pickle.dumps(net))(x).shape == (2, 4)  # (the hook pickles)
