@@ -41,7 +41,7 @@ from .solvers.base import SolveResult
 
 __all__ = ["COMPILED_PEAK", "CompiledFit", "CompiledPeakWarning", "CompiledTry",
            "EagerRunWarning", "WarnEagerRun", "compile_and_measure", "fit_compiled",
-           "fit_compiled_form", "warn_unmeasured"]
+           "fit_compiled_form", "warn_unmeasured", "watch_eager_run"]
 
 #: ``schedule.meta`` key: the measured peak of the plan's compiled step, in bytes
 COMPILED_PEAK = "compiled_peak_bytes"
@@ -83,6 +83,16 @@ class WarnEagerRun:
             f"an eager step would keep. Run torch.compile(plan.module), or solve with "
             f"execution=\"eager\" to train eagerly",
             EagerRunWarning, stacklevel=2)
+
+
+def watch_eager_run(module: nn.Module, execution: Any, eager_peak_bytes: int | None,
+                    budget_bytes: int | None, compiled_peak_bytes: int | None) -> None:
+    """Register `WarnEagerRun` on ``module`` where its plan is for compiled execution
+    (``execution == "compiled"``) and its eager step is predicted over ``budget_bytes``."""
+    if execution == "compiled" and eager_peak_bytes is not None and budget_bytes is not None \
+            and eager_peak_bytes > budget_bytes:
+        module.register_forward_pre_hook(
+            WarnEagerRun(eager_peak_bytes, budget_bytes, compiled_peak_bytes))
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ from .budget import InfeasibleBudgetError, budget_spec, infeasible_error, parse_
 from .capture.profile import check_profile_options
 from .compiled_fit import (
     COMPILED_PEAK,
-    WarnEagerRun,
     compile_and_measure,
     fit_compiled_form,
     warn_unmeasured,
+    watch_eager_run,
 )
 from .cost.compiled import check_execution, costs_for
 from .cost.compiled_form import compiled_form
@@ -291,9 +291,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     else:
         warn_unmeasured(graph)
         module = build(result)
-    if execution == "compiled" and result.estimate.peak_bytes > budget_bytes:
-        module.register_forward_pre_hook(WarnEagerRun(
-            result.estimate.peak_bytes, budget_bytes, result.schedule.meta.get(COMPILED_PEAK)))
+    watch_eager_run(module, execution, result.estimate.peak_bytes, budget_bytes,
+                    result.schedule.meta.get(COMPILED_PEAK))
     return Plan(module=module, units=choice,
                 schedule=result.schedule,
                 estimate=result.estimate, status=result.status, gap=result.gap,

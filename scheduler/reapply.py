@@ -11,6 +11,7 @@ import torch.nn as nn
 
 from .capture.calls import call_inputs
 from .capture.profile import trace_without_running
+from .compiled_fit import COMPILED_PEAK, watch_eager_run
 from .distributed import check_unwrapped
 from .ir.schedule import Schedule, ScheduleError
 from .rewrite import check_on_fallback, rewrite
@@ -46,6 +47,9 @@ def apply(model: nn.Module, schedule: Schedule | str | Path,
             structure or input shapes differ (the message says which).
 
     Warns:
+        compiled_fit.EagerRunWarning: at the module's first call outside ``torch.compile``,
+            where the schedule is for compiled execution and its saved estimate's peak is over
+            its budget (it was fitted by the compiled step's measured peak).
         UserWarning: a schedule without a fingerprint is applied at other input shapes than
             the ones `solve` recorded for it (`INPUT_SHAPES`), naming both, or records none, so
             that its shapes cannot be checked: its predicted memory holds only for those.
@@ -55,8 +59,20 @@ def apply(model: nn.Module, schedule: Schedule | str | Path,
     if not isinstance(schedule, Schedule):
         schedule = Schedule.load(schedule)
     if schedule.meta.get(UNITS):  # (a units plan: the model's own forward runs it)
-        return apply_units(model, schedule, example_inputs, loss_fn=loss_fn,
-                           on_fallback=on_fallback)
+        module = apply_units(model, schedule, example_inputs, loss_fn=loss_fn,
+                             on_fallback=on_fallback)
+    else:
+        module = _apply_flat(model, schedule, example_inputs, loss_fn, on_fallback)
+    watch_eager_run(module, schedule.meta.get("execution"),
+                    (schedule.estimate or {}).get("peak_bytes"), schedule.budget_bytes,
+                    schedule.meta.get(COMPILED_PEAK))
+    return module
+
+
+def _apply_flat(model: nn.Module, schedule: Schedule,
+                example_inputs: Sequence[Any] | Mapping[str, Any],
+                loss_fn: Callable[[Any], torch.Tensor] | None, on_fallback: str) -> nn.Module:
+    """`apply` of a schedule of the traced step (no units)."""
     inputs = call_inputs(model, example_inputs)
     gm, fp = trace_without_running(model, inputs, loss_fn=loss_fn,
                                    fingerprint=bool(schedule.fingerprint))

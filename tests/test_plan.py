@@ -4,7 +4,9 @@ files)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import warnings
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from conftest import budget_bytes, unscheduled_peak
 import scheduler
 import scheduler.capture.profile
 from scheduler import InfeasibleBudgetError, Plan, parse_budget, solve_graph
+from scheduler.compiled_fit import COMPILED_PEAK, EagerRunWarning
 from scheduler.cost.simulate import simulate
 from scheduler.ir.schedule import Schedule
 from scheduler.solvers import (
@@ -272,3 +275,28 @@ def test_solve_infeasible_raises_with_the_minimum(mlp):
     with pytest.raises(InfeasibleBudgetError) as info:
         scheduler.solve(model, inputs, budget="5%", solver="greedy", repeats=1)
     assert info.value.min_feasible_bytes > info.value.budget_bytes
+
+
+def test_a_saved_plan_for_compile_over_its_budget_eagerly_warns_when_applied_and_run(mlp, plan,
+                                                                                     tmp_path):
+    """A schedule fitted by its compiled step's measured peak (its saved eager estimate over
+    its budget) warns, once, when the module `apply` builds runs eagerly; the same schedule
+    for eager execution, or within its budget, does not."""
+    model, inputs = mlp
+    path = tmp_path / "schedule.json"
+    plan.save(path)
+    loaded = Schedule.load(path)
+    peak = loaded.estimate["peak_bytes"]
+    compiled = dataclasses.replace(loaded, budget_bytes=peak - 1024, meta={
+        **loaded.meta, "execution": "compiled", COMPILED_PEAK: peak - 4096})
+    module = scheduler.apply(model, compiled, inputs)
+    with pytest.warns(EagerRunWarning) as caught:
+        module(*inputs)
+        module(*inputs)
+    assert len(caught) == 1 and format_bytes(peak) in str(caught[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", EagerRunWarning)
+        for quiet in (dataclasses.replace(compiled, meta=loaded.meta),
+                      dataclasses.replace(compiled, budget_bytes=peak)):
+            scheduler.apply(model, quiet, inputs)(*inputs)
+    assert not model._forward_pre_hooks  # (the user's model is not touched)
