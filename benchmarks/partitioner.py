@@ -20,8 +20,8 @@ example, a larger GPT, the U-Net):
 * ``ours none``: our planned module with nothing checkpointed (a plan at a budget above the
   unscheduled peak), at 1.0: the base our compiled plans start from;
 * ``ours form``: the compiled form (`cost.compiled_form`) of that plan, which replays no FLOP
-  op: the plan ``solve(..., execution="compiled")`` tries first, and in the race the one
-  measured against ``compile 0.8`` on the GPT and U-Net examples;
+  op: the plan ``solve(..., execution="compiled")`` tries first, and the one it keeps at
+  ``compile 0.8``'s peak on the GPT and U-Net examples;
 * ``ours form, FLOP inputs saved``: that form, saving as well every node without FLOPs that a
   node with FLOPs reads (`flop_inputs_saved`): compiled, replaying such a node writes its
   output out for the library kernel of its reader's backward, so its replay does not fuse
