@@ -236,14 +236,17 @@ def fit_compiled(budget_bytes: int, target_bytes: int, ceiling_bytes: int,
             budget_bytes=budget_bytes,
             min_feasible_bytes=least.peak_bytes)
     _, peak, result, module = best
-    return _fitted(result, module, peak, tuple(tries))
+    return _fitted(result, module, peak, tuple(tries), budget_bytes)
 
 
-def _fitted(result: SolveResult, module: Any, peak: int,
-            tries: tuple[CompiledTry, ...]) -> CompiledFit:
-    """The `CompiledFit` keeping ``result``, its schedule stamped with its measured peak."""
+def _fitted(result: SolveResult, module: Any, peak: int, tries: tuple[CompiledTry, ...],
+            budget_bytes: int) -> CompiledFit:
+    """The `CompiledFit` keeping ``result``, its schedule stamped with its measured peak and
+    with the budget it was measured against, not the target it was solved at (``result``'s
+    own ``budget_bytes``): its file, `scheduler apply`'s check and `EagerRunWarning` then name
+    the budget the plan keeps."""
     assert result.schedule is not None
-    schedule = dataclasses.replace(result.schedule,
+    schedule = dataclasses.replace(result.schedule, budget_bytes=budget_bytes,
                                    meta={**result.schedule.meta, COMPILED_PEAK: peak})
     return CompiledFit(dataclasses.replace(result, schedule=schedule), module, peak, tries)
 
@@ -298,7 +301,8 @@ def fit_compiled_form(budget_bytes: int, first: SolveResult, ceiling_bytes: int,
         if peak <= budget_bytes:
             assert top.estimate is not None
             return _fitted(top, module, peak, (CompiledTry(
-                ceiling_bytes, top.estimate.peak_bytes, top.estimate.recompute_s, peak),))
+                ceiling_bytes, top.estimate.peak_bytes, top.estimate.recompute_s, peak),),
+                budget_bytes)
     try:
         return fit(first, True)
     except InfeasibleBudgetError as e:

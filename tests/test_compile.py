@@ -32,6 +32,7 @@ from scheduler.compiled_fit import EagerRunWarning
 from scheduler.cost.compiled_form import compiled_form, flop_saves
 from scheduler.ir.schedule import KEEP, RECOMPUTE, Schedule
 from scheduler.measurement.compiled import compiled_peak
+from scheduler.quantities import format_bytes
 
 
 #: dynamo and AOTAutograd (functionalisation, the partitioner) without inductor's code
@@ -122,7 +123,7 @@ def test_plan_for_compile_measures_within_its_budget_compiled() -> None:
 
 
 @pytest.mark.slow  # (compiles the least plan, then again)
-def test_a_budget_below_every_eager_prediction_is_met_compiled() -> None:
+def test_a_budget_below_every_eager_prediction_is_met_compiled(tmp_path) -> None:
     """Inductor's step needs less than the eager one: on HF GPT-2 a budget 3% below the least
     peak any schedule is predicted to reach eagerly (the solver's proven floor) has a plan for
     compile, whose step measured again from a fresh compilation keeps to it, with the model's
@@ -150,6 +151,13 @@ def test_a_budget_below_every_eager_prediction_is_met_compiled() -> None:
         plan.module(*inputs)
         plan.module(*inputs)
     assert len([w for w in caught if w.category is EagerRunWarning]) == 1
+    # and so does the module `apply` builds from its saved schedule, which records the budget
+    # it was measured against (it was solved at a higher target)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    assert Schedule.load(path).budget_bytes == budget
+    with pytest.warns(EagerRunWarning, match=format_bytes(budget)):
+        scheduler.apply(model, path, inputs)(*inputs)
 
 
 def test_fallbacks_under_compile_compute_the_models_outputs(gpt_plan: Any) -> None:

@@ -129,6 +129,8 @@ def test_memory_the_compiled_step_leaves_unused_buys_a_faster_plan() -> None:
     got = fit(budget, measured)
     assert measured.peak(got.result.schedule) == got.peak_bytes <= budget
     assert got.result.estimate.recompute_s < at_budget.estimate.recompute_s
+    # (solved at a higher target, it records the budget it was measured against)
+    assert got.result.schedule.budget_bytes == budget < got.result.budget_bytes
     assert got.result.estimate.peak_bytes > budget  # (eagerly it would not fit: run compiled)
 
 
