@@ -10,8 +10,9 @@ example, a larger GPT, the U-Net):
 
 * ``compile 1.0``: inductor at the default budget (AOTAutograd's min-cut partitioner with its
   recompute bans: random ops, ops far from backward, long fusible chains, ...);
-* ``compile 0.8``, ``compile 0.6``: at 0.8 and 0.6; 0.6 on these models takes the partitioner's "more aggressive"
-  min-cut branch (`choose_saved_values_set` returns it before any knapsack);
+* ``compile 0.8``, ``compile 0.6``: at 0.8 and 0.6; 0.6 on these models takes the
+  partitioner's "more aggressive" min-cut branch (`choose_saved_values_set` returns it
+  before any knapsack);
 * ``compile 1.0 aggressive``: at 1.0 with ``aggressive_recomputation`` on (those bans
   lifted, the not-in-allowlist one too);
 * ``save FLOP outputs``: every block under ``torch.utils.checkpoint`` with a selective policy
@@ -107,7 +108,7 @@ class Saved:
 
 
 def flop_inputs_saved(graph: Any, schedule: Any) -> Any:
-    """``schedule`` with every node without FLOPs (`cost.compiled.fused`) that a node with
+    """``schedule`` with every node without FLOPs (`cost.compiled_form.fused`) that a node with
     FLOPs reads added to its recompute region's save set (where it allocates)."""
     read = {p for n in graph.nodes if not fused(graph, n.name) for p in n.inputs
             if fused(graph, p) and graph.allocates(p)}
