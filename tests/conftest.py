@@ -12,6 +12,7 @@ import importlib
 import json
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
@@ -122,11 +123,21 @@ def recorded_graph() -> Callable[[str], CostGraph]:
 
 #: Small but non-trivial sizes of every example (seconds, not minutes, to profile on 2 cores),
 #: kept with the model factories the benchmarks share (benchmarks/_models.py)
-sys.path.insert(0, str(ROOT / "benchmarks"))
-try:
-    from _models import SMALL
-finally:
-    sys.path.remove(str(ROOT / "benchmarks"))
+def benchmark_modules(*names: str) -> tuple[ModuleType, ...]:
+    """The scripts ``names`` of ``benchmarks/`` (not a package), imported with that folder on
+    ``sys.path`` only while they load, so their names (``solvers``, ``sweep``, ...) shadow
+    nothing else. Test files bind them as ``peers, _record = benchmark_modules("peers",
+    "_record")``."""
+    folder = str(ROOT / "benchmarks")
+    sys.path.insert(0, folder)
+    try:
+        return tuple(importlib.import_module(name) for name in names)
+    finally:
+        sys.path.remove(folder)
+
+
+(_models,) = benchmark_modules("_models")
+SMALL = _models.SMALL
 EXAMPLES = list(SMALL)
 
 

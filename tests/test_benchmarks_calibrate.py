@@ -4,22 +4,13 @@ predicted step is its profile's unscheduled step; and ``--write`` fills its sect
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+from conftest import benchmark_modules
 
 import scheduler
 from examples.gpt import build
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-try:
-    import _calibrate_kinds
-    import _record
-    import calibrate
-finally:
-    sys.path.remove(str(ROOT / "benchmarks"))
+_calibrate_kinds, _record, calibrate = benchmark_modules("_calibrate_kinds", "_record", "calibrate")
 
 
 def test_an_unknown_example_is_refused() -> None:

@@ -7,8 +7,6 @@ puts the partitioner back."""
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,15 +16,11 @@ import torch._inductor.config as inductor_config
 import torch.nn as nn
 from _chain import chain
 from torch.utils.checkpoint import CheckpointPolicy
+from conftest import benchmark_modules
 
 from scheduler.ir.schedule import RECOMPUTE, Region, Schedule
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-try:
-    import partitioner
-finally:
-    sys.path.remove(str(ROOT / "benchmarks"))
+(partitioner,) = benchmark_modules("partitioner")
 
 aten = torch.ops.aten
 

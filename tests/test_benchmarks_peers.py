@@ -4,22 +4,14 @@ torchtitan's does; the storage tracker and the profiler's memory events agree on
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.utils.checkpoint import CheckpointPolicy
+from conftest import benchmark_modules
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-try:
-    import _peers_variants
-    import _record
-    import peers
-finally:
-    sys.path.remove(str(ROOT / "benchmarks"))
+_peers_variants, _record, peers = benchmark_modules("_peers_variants", "_record", "peers")
 
 aten = torch.ops.aten
 MUST, PREFER = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE

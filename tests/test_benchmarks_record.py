@@ -12,15 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 from rich.table import Table
+from conftest import benchmark_modules
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-try:
-    import _record
-    import readme_compare
-    import solvers as solvers_script
-finally:
-    sys.path.remove(str(ROOT / "benchmarks"))
+_record, readme_compare, solvers_script = benchmark_modules("_record", "readme_compare", "solvers")
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 TABLE = "| a | b |\n|:---|---:|\n| x | 1 |"

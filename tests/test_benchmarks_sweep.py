@@ -4,21 +4,13 @@ crash or a missing row."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 import torch.nn as nn
+from conftest import benchmark_modules
 
 import scheduler
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-try:
-    import _models
-    import sweep
-finally:
-    sys.path.remove(str(ROOT / "benchmarks"))
+_models, sweep = benchmark_modules("_models", "sweep")
 
 
 def test_sweep_rows_of_a_tiny_model_are_its_own_and_land_in_the_section(tmp_path):

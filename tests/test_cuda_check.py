@@ -11,16 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import benchmark_modules
 
 import scheduler
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "cuda_check.py"
-sys.path.insert(0, str(ROOT / "benchmarks"))
-try:
-    import cuda_check
-finally:
-    sys.path.remove(str(ROOT / "benchmarks"))
+(cuda_check,) = benchmark_modules("cuda_check")
 
 
 def test_without_a_cuda_device_it_skips_with_exit_0():

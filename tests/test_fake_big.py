@@ -6,22 +6,14 @@ from __future__ import annotations
 
 import re
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from conftest import benchmark_modules
 
 import scheduler
 from scheduler.quantities import format_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-try:
-    import _record
-    import fake_big
-finally:
-    sys.path.remove(str(ROOT / "benchmarks"))
+_record, fake_big = benchmark_modules("_record", "fake_big")
 
 TINY = {"batch": 1, "block_size": 64, "n_layer": 2, "n_head": 2, "n_embd": 32, "vocab_size": 64,
         "dropout": 0.1}

@@ -9,23 +9,19 @@ measures every plan, and fails naming any schedule measured over its budget (sav
 from __future__ import annotations
 
 import dataclasses
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 from conftest import DATA_DIR, SMALL
+from conftest import benchmark_modules
 
 import scheduler
 from scheduler.budget import InfeasibleBudgetError
 from scheduler.measurement.step import OverBudgetWarning, over_budget_warning
 from scheduler.plan import solve_graph
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-try:
-    import _models
-finally:
-    sys.path.remove(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+(_models,) = benchmark_modules("_models")
 
 SWEEP_LIMIT_S = 1.0
 FLOOR_LIMIT_S = 1.0

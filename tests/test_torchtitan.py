@@ -12,20 +12,13 @@ need, see `_models._import_titan`.)
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from conftest import benchmark_modules
 
 import scheduler
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-try:
-    import _models
-finally:
-    sys.path.remove(str(ROOT / "benchmarks"))
+(_models,) = benchmark_modules("_models")
 
 
 def _step(module: torch.nn.Module, params: list[torch.nn.Parameter], inputs: tuple

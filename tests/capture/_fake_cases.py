@@ -10,22 +10,16 @@ layers) and larger Hugging Face configs, in `LARGE`. No model is downloaded.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 import torch.nn as nn
+from conftest import benchmark_modules
 
 from scheduler.capture.scratch import without_scratch
 from scheduler.ir.graph import CostGraph
 
-_BENCHMARKS = str(Path(__file__).resolve().parents[2] / "benchmarks")
-sys.path.insert(0, _BENCHMARKS)
-try:
-    import _models
-finally:
-    sys.path.remove(_BENCHMARKS)
+(_models,) = benchmark_modules("_models")
 
 __all__ = ["CASES", "FAKE", "LARGE", "TINY", "assert_same_memory", "cases", "example",
            "memory_of"]

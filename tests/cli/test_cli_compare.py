@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import GRAPHS_DIR, ROOT
+from conftest import GRAPHS_DIR, benchmark_modules
 from test_cli_solve import FACTORY, one_error_line, run
 
 from scheduler.solvers import get_solver
@@ -177,11 +177,7 @@ def test_exact_solvers_are_judged_against_fitting_baselines(rows, ok):
 
 
 def test_benchmark_script_uses_the_library(capsys):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import solvers as script
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    (script,) = benchmark_modules("solvers")
     assert script.bench is bench
     # (dp, not auto: auto answers a fitting baseline's schedule when it has nothing better, so
     # its verdict could not be "not"; at 70% greedy fits with less recompute than dp's space)
