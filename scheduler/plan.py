@@ -200,8 +200,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
             needs less than the eager prediction. Elsewhere, or False, the budget
             holds for the eager step's predicted peak (a `compiled_fit.CompiledPeakWarning`
             says so unless False). A plan measured within the budget compiled whose eager
-            step is predicted over it warns once at its module's first call outside
-            ``torch.compile`` (`compiled_fit.EagerRunWarning`).
+            step is predicted over it (after ``headroom``) warns once at its module's first
+            call outside ``torch.compile`` (`compiled_fit.EagerRunWarning`).
 
     Returns:
         A `Plan`: ``plan.module``, ``plan.estimate``, ``plan.status``, ``plan.save(path)``.
@@ -291,7 +291,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     else:
         warn_unmeasured(graph)
         module = build(result)
-    watch_eager_run(module, execution, result.estimate.peak_bytes, budget_bytes,
+    # (against the budget the schedule records, after headroom, as `apply` of it does)
+    watch_eager_run(module, execution, result.estimate.peak_bytes, result.schedule.budget_bytes,
                     result.schedule.meta.get(COMPILED_PEAK))
     return Plan(module=module, units=choice,
                 schedule=result.schedule,

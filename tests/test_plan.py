@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import warnings
 
 import pytest
@@ -300,3 +301,30 @@ def test_a_saved_plan_for_compile_over_its_budget_eagerly_warns_when_applied_and
                       dataclasses.replace(compiled, budget_bytes=peak)):
             scheduler.apply(model, quiet, inputs)(*inputs)
     assert not model._forward_pre_hooks  # (the user's model is not touched)
+
+
+def test_solve_and_apply_of_its_saved_plan_warn_against_the_budget_after_headroom(
+        mlp, monkeypatch, tmp_path):
+    """A plan fitted for compile with headroom: the eager-run warning of `solve`'s module and
+    the one of the module `apply` builds from its saved schedule are the same, naming the
+    budget the schedule records (the user's, less the headroom), not the user's own."""
+    model, inputs = mlp
+    # compiling stood in for: every plan's step "measures" 1 KiB compiled, so the fit keeps
+    # the form of the plan replaying no FLOP op
+    monkeypatch.setattr(sys.modules["scheduler.plan"], "compile_and_measure",
+                        lambda module, inputs, loss_fn=None: (module, 1024))
+    plan = scheduler.solve(model, inputs, budget="80%", solver="greedy", repeats=1,
+                           execution="compiled", headroom=0.1)
+    target = int(plan.budget_bytes * 0.9)
+    assert plan.schedule.budget_bytes == target
+    # (its eager prediction lies between the two budgets: only the one after headroom warns)
+    assert target < plan.estimate.peak_bytes <= plan.budget_bytes, plan.estimate
+    messages = []
+    plan.save(tmp_path / "plan.json")
+    for module in (plan.module, scheduler.apply(model, tmp_path / "plan.json", inputs)):
+        with pytest.warns(EagerRunWarning) as caught:
+            module(*inputs)
+        messages.append(str(caught[0].message))
+    assert messages[0] == messages[1]
+    assert f"over the budget {format_bytes(target)}" in messages[0]
+    assert format_bytes(plan.budget_bytes) not in messages[0]
