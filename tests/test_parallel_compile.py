@@ -1,4 +1,5 @@
-"""torchtitan's recipe on gloo ranks (CPU): solve with ``parallel="fsdp2"``, ``torch.compile``
+"""torchtitan's recipe on gloo ranks (CPU): solve with ``parallel="fsdp2"`` (for eager execution,
+and for compiled execution in torchtitan's way), ``torch.compile``
 each unit of ``plan.module`` (``fullgraph=True``; torchtitan's way, the compiled module
 registered in place of the unit, and ``unit.compile()``), then ``fully_shard`` each unit and
 the root, and train.
@@ -42,6 +43,11 @@ transformers = pytest.importorskip("transformers")
 MODELS = ("gpt", "llama")
 #: ``unit.compile()``; torchtitan's ``torch.compile(unit)`` registered in the unit's place
 WAYS = ("method", "replace")
+#: (model, way, the plan's ``execution``): every way for eager plans, and torchtitan's for a
+#: plan solved for compiled execution (its compiled form, `cost.compiled_form`: from a
+#: per-rank profile, taken in a block only where the eager prediction keeps to the budget)
+CASES = [*((name, way, "eager") for name in MODELS for way in WAYS),
+         *((name, "replace", "compiled") for name in MODELS)]
 STEPS = 3  # (the first compiles; the others may not)
 
 
@@ -135,17 +141,24 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
         paths = scheduler.units.find_units(model, "auto").paths
         eager = _train(model, paths, call, inputs, "eager")["steps"]
         del model
-        for way in WAYS:
-            dynamo.reset()
+        refs: dict[str, dict[str, Any]] = {}
+        for _, way, execution in [c for c in CASES if c[0] == name]:
+            if way not in refs:
+                dynamo.reset()
+                model, inputs, call = _build(name, rank)
+                refs[way] = _train(model, paths, call, inputs, way)
+                del model, refs[way]["module"]
+            ref = refs[way]
             model, inputs, call = _build(name, rank)
-            ref = _train(model, paths, call, inputs, way)
-            del model, ref["module"]
-            model, inputs, call = _build(name, rank)
-            plan = scheduler.solve(model, inputs, budget="80%", repeats=1, time_limit_s=10,
-                                   parallel="fsdp2")
+            with warnings.catch_warnings():  # (for compiled execution: not measured compiled)
+                warnings.simplefilter("ignore", scheduler.compiled_fit.CompiledPeakWarning)
+                plan = scheduler.solve(model, inputs, budget="80%", repeats=1, time_limit_s=10,
+                                       parallel="fsdp2", execution=execution)
+            form = plan.schedule.meta.get("compiled_form")
             units = scheduler.units.units_plan(plan.module)
             case = {"predicted": plan.estimate.peak_bytes, "budget": plan.budget_bytes,
-                    "paths": plan.units.paths, "planned_units": set(units.forwards)}
+                    "paths": plan.units.paths, "planned_units": set(units.forwards),
+                    "form": form}
             module = plan.module
             del model, plan
             gc.collect()
@@ -168,7 +181,7 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
                         plan_diff=_diff(got["steps"], ref["steps"]),
                         same_keys=all(set(a) == set(b) for (_, a), (_, b)
                                       in zip(got["steps"], ref["steps"])))
-            rec[(name, way)] = case
+            rec[(name, way, execution)] = case
             del module, got
             gc.collect()
     return rec
@@ -180,14 +193,13 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 
 pytestmark = pytest.mark.slow  # (two ranks compile 12 units' steps: minutes on two cores)
-CASES = [(name, way) for name in MODELS for way in WAYS]
 
 
-@pytest.mark.parametrize("name,way", CASES)
+@pytest.mark.parametrize("name,way,execution", CASES)
 def test_compiled_units_run_the_plan_without_recompiling(
-        ranks: list[dict[str, Any]], name: str, way: str) -> None:
+        ranks: list[dict[str, Any]], name: str, way: str, execution: str) -> None:
     for rec in ranks:
-        case = rec[(name, way)]
+        case = rec[(name, way, execution)]
         planned = case["planned_units"]
         assert planned, case  # (the plan recomputes somewhere)
         # each planned unit's graph holds its checkpoint regions; nothing else does
@@ -204,24 +216,35 @@ def test_compiled_units_run_the_plan_without_recompiling(
         assert case["warnings"] == [], case  # (no fallback, wrapped as solved for)
 
 
-@pytest.mark.parametrize("name,way", CASES)
+@pytest.mark.parametrize("name,way,execution", CASES)
 def test_compiled_plan_trains_as_the_compiled_unplanned_model(
-        ranks: list[dict[str, Any]], name: str, way: str) -> None:
+        ranks: list[dict[str, Any]], name: str, way: str, execution: str) -> None:
     for rec in ranks:
-        case = rec[(name, way)]
+        case = rec[(name, way, execution)]
         assert case["same_keys"], case
         loss_tol, grad_tol = map(max, case["compile_diff"], case["rounding"])
         loss, grad = case["plan_diff"]
         assert loss <= loss_tol and grad <= grad_tol, case
 
 
-@pytest.mark.parametrize("name,way", CASES)
+@pytest.mark.parametrize("name,way,execution", CASES)
 def test_compiled_plan_peaks_below_the_compiled_unplanned_model(
-        ranks: list[dict[str, Any]], name: str, way: str) -> None:
+        ranks: list[dict[str, Any]], name: str, way: str, execution: str) -> None:
     """The plan's saving survives compiling: the compiled plan's step peaks below the compiled
     unplanned model's, by the allocator's count. Its peak is not bounded by the budget here:
     the solver models the eager ops, not inductor's buffers (docs/distributed.md has the
     measured numbers)."""
     for rec in ranks:
-        case = rec[(name, way)]
+        case = rec[(name, way, execution)]
         assert case["peak"] < case["ref_peak"], case
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_plan_for_compiled_execution_runs_in_its_compiled_form(
+        ranks: list[dict[str, Any]], name: str) -> None:
+    """The plan solved with ``execution="compiled"`` (its eager prediction within the budget at
+    80%) takes its compiled form in some block: the cases above then check that form compiled
+    under FSDP2 (the model's gradients, one graph a unit, a lower peak)."""
+    for rec in ranks:
+        form = rec[(name, "replace", "compiled")]["form"]
+        assert form and form["blocks"], form
