@@ -35,6 +35,7 @@ import torch.nn as nn
 from .budget import InfeasibleBudgetError
 from .cost.compiled_form import flop_saves
 from .ir.graph import CostGraph
+from .ir.schedule import Schedule
 from .measurement.compiled import compiled_peak
 from .quantities import format_bytes
 from .solvers.base import SolveResult
@@ -85,14 +86,17 @@ class WarnEagerRun:
             EagerRunWarning, stacklevel=2)
 
 
-def watch_eager_run(module: nn.Module, execution: Any, eager_peak_bytes: int | None,
-                    budget_bytes: int | None, compiled_peak_bytes: int | None) -> None:
-    """Register `WarnEagerRun` on ``module`` where its plan is for compiled execution
-    (``execution == "compiled"``) and its eager step is predicted over ``budget_bytes``."""
-    if execution == "compiled" and eager_peak_bytes is not None and budget_bytes is not None \
-            and eager_peak_bytes > budget_bytes:
-        module.register_forward_pre_hook(
-            WarnEagerRun(eager_peak_bytes, budget_bytes, compiled_peak_bytes))
+def watch_eager_run(module: nn.Module, schedule: Schedule) -> None:
+    """Register `WarnEagerRun` on ``module``, which runs ``schedule``, where the schedule is
+    for compiled execution (``meta["execution"]``) and its estimate's peak is over its
+    ``budget_bytes`` (the budget after headroom, or the one a fitted plan was measured
+    against). `plan.solve` and `scheduler.apply` both read it from the schedule, so a plan
+    and the module applied from its file warn alike."""
+    eager_peak = (schedule.estimate or {}).get("peak_bytes")
+    if schedule.meta.get("execution") == "compiled" and eager_peak is not None \
+            and schedule.budget_bytes is not None and eager_peak > schedule.budget_bytes:
+        module.register_forward_pre_hook(WarnEagerRun(
+            eager_peak, schedule.budget_bytes, schedule.meta.get(COMPILED_PEAK)))
 
 
 @dataclass(frozen=True)

@@ -291,9 +291,7 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     else:
         warn_unmeasured(graph)
         module = build(result)
-    # (against the budget the schedule records, after headroom, as `apply` of it does)
-    watch_eager_run(module, execution, result.estimate.peak_bytes, result.schedule.budget_bytes,
-                    result.schedule.meta.get(COMPILED_PEAK))
+    watch_eager_run(module, result.schedule)
     return Plan(module=module, units=choice,
                 schedule=result.schedule,
                 estimate=result.estimate, status=result.status, gap=result.gap,
