@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -39,11 +40,43 @@ from .solvers.base import INFEASIBLE, SolveResult, get_solver
 from .solvers.stash import solve_with_rng_stash
 from .step_checks import INPUT_SHAPES, input_shapes, own_peak
 from .units import profile_units, warm_up
-from .units.step import planned_module
+from .units.step import planned_module, profile_variants
+from .units.variants import VARIANTS, VariantWarning, variant_record
 from .units.apply import stamped, units_meta
 from .quantities import check_time_limit, format_bytes
 
 __all__ = ["INPUT_SHAPES", "Plan", "apply", "input_shapes", "solve", "solve_graph"]
+
+
+def _plan_variants(model: nn.Module, example_inputs: Any, graph: CostGraph, choice: Any,
+                   budget_bytes: int, say: Callable[[str], None], profile_kw: dict[str, Any],
+                   solve_kw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The step's call variants (`units.variants`) profiled and solved under the same
+    budget, as the schedule records them (``meta[VARIANTS]``); a variant that cannot be
+    profiled or fits no schedule is said (`VariantWarning`), its calls then run unplanned."""
+    out = []
+    for name, vgraph in profile_variants(model, example_inputs, graph, choice, **profile_kw):
+        if isinstance(vgraph, str):
+            warnings.warn(f"units' calls at the step's {name!r} variant cannot be planned: "
+                          f"{vgraph}; such calls run the unit's own forward (warned)",
+                          VariantWarning, stacklevel=3)
+            continue
+        say(f"solving the {name!r} variant of the step")
+        try:
+            res = solve_graph(vgraph, budget_bytes, **solve_kw)
+        except InfeasibleBudgetError as e:
+            least = (f"; its least feasible peak is {format_bytes(e.min_feasible_bytes)}"
+                     if e.min_feasible_bytes is not None else "")
+            warnings.warn(
+                f"units' calls at the step's {name!r} variant (their ops differ from the "
+                f"profiled step's) fit no schedule within {format_bytes(budget_bytes)}{least}: "
+                "such calls run the unit's own forward, warned; solve with a larger budget, "
+                "or for the batches you train with", VariantWarning, stacklevel=3)
+            continue
+        sched = same_schedule(res.schedule, graph=vgraph)
+        peak = simulate(costs_for(vgraph, solve_kw["execution"]), sched).peak_bytes
+        out.append(variant_record(name, vgraph, sched, peak))
+    return out
 
 
 def solve_graph(graph: CostGraph | str | Path, budget: int | float | str, *,
@@ -261,7 +294,18 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
         result = dataclasses.replace(result, schedule=schedule,
                                      estimate=simulate(costs_for(graph, execution), schedule),
                                      status=schedule.status, gap=schedule.gap)
-    result = dataclasses.replace(result, schedule=stamped(schedule, gm, choice))
+    variants = _plan_variants(
+        model, example_inputs, graph, choice, budget_bytes, say,
+        dict(loss_fn=loss_fn, repeats=repeats, mode=mode, times=times, device=device,
+             device_spec=device_spec, small_inputs=small_inputs, parallel=parallel),
+        dict(solver=solver, time_limit_s=time_limit_s, headroom=headroom,
+             execution=execution)) if choice.paths else []
+
+    def stamp(s: Schedule) -> Schedule:
+        s = stamped(s, gm, choice)
+        return dataclasses.replace(s, meta={**s.meta, VARIANTS: variants}) if variants else s
+
+    result = dataclasses.replace(result, schedule=stamp(schedule))
     own = own_peak(gm, model, inputs, budget_bytes, result.estimate, say) if runs_here else None
 
     def build(res: SolveResult) -> nn.Module:
@@ -276,7 +320,7 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     def solve_at(target: int, measured: bool) -> SolveResult:
         res = solve_graph(graph, target, solver=solver, time_limit_s=time_limit_s,
                           execution=execution, measured=measured)
-        return dataclasses.replace(res, schedule=stamped(res.schedule, gm, choice))
+        return dataclasses.replace(res, schedule=stamp(res.schedule))
 
     if execution != "compiled" or not measure_compiled:
         module = build(result)

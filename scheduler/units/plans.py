@@ -57,8 +57,10 @@ class UnitsPlan:
 
     def check_shapes(self, module: nn.Module, args: tuple[Any, ...],
                      kwargs: dict[str, Any]) -> None:
-        """A forward pre-hook of the planned module: warn once when a training call's tensors
-        differ from those the step was solved with (its memory was predicted for those).
+        """A forward pre-hook of the planned module: warn once when a training call has a
+        tensor larger in some dimension than every tensor of its rank and dtype that the step
+        was solved with, or of another rank or dtype (its memory was predicted for those; a
+        shorter batch, or a padding mask beside the ids, fits what was predicted).
 
         Not under ``torch.compile``: comparing sizes there would guard on them (with
         ``dynamic=True``, a graph per length) and a warning breaks the graph; an eager
@@ -67,13 +69,16 @@ class UnitsPlan:
                 or not (torch.is_grad_enabled() and module.training)):
             return
         got = input_shapes((args, kwargs))
-        if got != self.solved_specs:
+        # (a tensor more or fewer of a shape solved for, such as a padding mask beside the ids,
+        # is a call variant the plan holds, not other shapes: `variants`)
+        if not all(_within(spec, self.solved_specs) for spec in got):
             self._warned_shapes = True
             warnings.warn(
                 f"the plan runs its schedule on tensor inputs of shapes and dtypes "
                 f"{show_shapes(got)}, but it was solved for "
                 f"{show_shapes(self.solved_specs)}: its predicted peak memory holds for that "
-                "call only. Solve for the largest inputs you train with", RuntimeWarning,
+                "call's size and smaller ones. Solve for the largest inputs you train with",
+                RuntimeWarning,
                 stacklevel=3)
 
     @property
@@ -106,6 +111,12 @@ def input_shapes(tree: Any) -> tuple[Any, ...]:
     return tuple(sorted((tuple(t.shape), str(t.dtype).removeprefix("torch."))
                         for t in pytree.tree_leaves(tree)
                         if isinstance(t, torch.Tensor) and t.dim() > 0))
+
+
+def _within(spec: tuple[Any, str], solved: tuple[Any, ...]) -> bool:
+    shape, dtype = spec
+    return any(d == dtype and len(s) == len(shape) and all(a <= b for a, b in zip(shape, s))
+               for s, d in solved)
 
 
 def show_shapes(specs: tuple[Any, ...]) -> str:

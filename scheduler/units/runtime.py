@@ -38,23 +38,28 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import _disable_current_modes
 
 from ..capture.calls import autocast_state, constant_key, input_specs, module_copy
 from ..capture.fingerprint import target_str
-from ..capture.trace import MODEL_ATTR, model_nodes, trace
+from ..capture.trace import model_nodes, trace
 from ..capture.usercode import UserCodeWarning
-from ..cost.compiled_form import flop_saves, flop_saves_meta
+from ..cost.compiled_form import flop_saves_meta
 from ..ir.graph import CostGraph
 from ..ir.region import Region, ScheduleError
-from ..ir.replays import check, unit_calls
+from ..ir.replays import check
 from ..ir.schedule import Schedule
 from ..regions import CheckpointedStep
 from ..rewrite import MAX_TRACES, check_on_fallback, first_line, report_fallback
 from . import capture
 from .engine import EngineCheck
 from .plans import UnitsPlan, input_shapes
+from .variants import UnitRun, match_ops, renamed, runs_from_meta, unit_op, unit_runs, with_extras
 
 __all__ = ["UnitForward", "rewrite_units"]
+
+#: how a call says its unit could not be traced (tried again later: it may pass)
+UNTRACED = "the unit could not be traced"
 
 #: keyword arguments holding a key/value cache, dropped in training (Hugging Face's names)
 CACHE_KWARGS = {"use_cache": False, "cache": None, "past_key_values": None, "layer_past": None}
@@ -78,35 +83,24 @@ def rewrite_units(model: nn.Module, graph: CostGraph, schedule: Schedule, *, tra
     check_on_fallback(on_fallback)
     check(graph, schedule)
     capture.find()  # (transformers' output capture, looked up now: not under compile)
-    names = graph.compute_nodes
-    pos = {n: i for i, n in enumerate(names)}
-    calls: dict[str, list[tuple[int, int]]] = {}
-    for path, a, b in unit_calls(graph):
-        calls.setdefault(path, []).append((a, b))
+    runs = unit_runs(graph, schedule)
+    others = runs_from_meta(schedule)  # (the call variants: `variants`)
     root = module_copy(model)
     copies: dict[str, nn.Module] = {"": root}
     forwards: dict[str, UnitForward] = {}
     once: set[str] = set()  # warnings said once for the whole plan
-    flops = flop_saves(schedule)
-    for path, spans in calls.items():
-        a, b = spans[0]
-        inside = set(names[a:b])
-        # (keep regions may run across a unit's edges: clipped to its call, they keep)
-        regions = [r if r.policy != "keep" else Region("keep", tuple(n for n in r.nodes
-                                                                      if n in inside))
-                   for r in schedule.regions if inside.intersection(r.nodes)]
-        if not any(r.policy != "keep" for r in regions):
+    for path, at_calls in runs.items():
+        variants = tuple(others.get(path, ()))
+        if not any(r.recomputes for r in (at_calls[0], *variants)):
             continue
-        if len(spans) > 1:
+        if len(at_calls) > 1:
             raise ScheduleError(
-                f"unit {path!r} is called {len(spans)} times in the step and has a recompute "
-                "region: a unit's plan is for one call; name units called once (units=...)")
-        rel = {n: f"#{pos[n] - a}" for n in names[a:b]}
-        ops = tuple(_op(graph.node(n).op, graph.node(n).target, path) for n in names[a:b])
+                f"unit {path!r} is called {len(at_calls)} times in the step and has a "
+                "recompute region: a unit's plan is for one call; name units called once "
+                "(units=...)")
         unit = _copy_path(copies, path)
-        fwd = UnitForward(unit, tuple(_renamed(r, rel) for r in regions), ops, tracer,
-                          path=path, on_fallback=on_fallback, once=once,
-                          flop_saves=frozenset(rel[n] for n in flops if n in rel))
+        fwd = UnitForward(unit, at_calls[0], tracer, path=path, on_fallback=on_fallback,
+                          once=once, variants=variants)
         unit.__dict__["forward"] = fwd
         forwards[path] = fwd
     plan = UnitsPlan(schedule, why, forwards, loss_fn,
@@ -139,19 +133,6 @@ def _copy_path(copies: dict[str, nn.Module], path: str) -> nn.Module:
             copies[here] = module_copy(parent._modules[parts[i - 1]])
             parent._modules[parts[i - 1]] = copies[here]
     return copies[path]
-
-
-def _renamed(r: Region, rel: dict[str, str]) -> Region:
-    return Region(r.policy, tuple(rel[n] for n in r.nodes), frozenset(rel[n] for n in r.save),
-                  tuple(_renamed(x, rel) for x in r.inner))
-
-
-def _op(op: str, target: str, path: str) -> tuple[str, str]:
-    """A node's op and target as a unit's own trace names it (a module target relative to
-    the unit)."""
-    if op == "call_module":  # (the traced wrapper holds the model as `MODEL_ATTR`)
-        target = target.removeprefix(MODEL_ATTR + ".").removeprefix(path + ".")
-    return op, target
 
 
 class _UnitCall(nn.Module):
@@ -187,9 +168,14 @@ class UnitForward:
 
     Attributes:
         path: the unit's module path in the model.
-        regions: the unit's regions, nodes named by position (``"#0"``, ``"#1"``, ...).
-        flop_saves: the save-set nodes among them that save only their ops with FLOPs under
-            ``torch.compile`` (`cost.compiled_form.flop_saves`).
+        run: the unit's call in the profiled step, a `variants.UnitRun`: its ops, its
+            regions (nodes named by position: ``"#0"``, ``"#1"``, ...) and the save-set nodes
+            that save only their ops with FLOPs under ``torch.compile``
+            (`cost.compiled_form.flop_saves`); ``regions``, ``ops`` and ``flop_saves`` are
+            its.
+        variants: the `variants.UnitRun` of its call at the step's other variants (a padded
+            batch, a compiled step: `variants`); a call runs the regions of the first run
+            whose ops its trace has, the profiled one first.
         planned_steps, fallback_steps: training calls that ran the regions, and that ran
             the unit's own forward instead.
         on_fallback: ``"warn"`` or ``"raise"``.
@@ -197,12 +183,11 @@ class UnitForward:
             and keeps no record of it (no warning, no count, traced again at the next).
     """
 
-    def __init__(self, unit: nn.Module, regions: tuple[Region, ...],
-                 ops: tuple[tuple[str, str], ...], tracer: str, *, path: str,
+    def __init__(self, unit: nn.Module, run: UnitRun, tracer: str, *, path: str,
                  on_fallback: str = "warn", once: set[str] | None = None,
-                 flop_saves: frozenset[str] = frozenset()):
-        self.module, self.regions, self.ops, self.tracer = unit, regions, ops, tracer
-        self.flop_saves = flop_saves
+                 variants: tuple[UnitRun, ...] = ()):
+        self.module, self.run, self.variants, self.tracer = unit, run, variants, tracer
+        self.regions, self.ops, self.flop_saves = run.regions, run.ops, run.flop_saves
         self.path = path
         base = unit.__dict__.get("forward")
         self.base = base if base is not None else type(unit).forward
@@ -212,6 +197,7 @@ class UnitForward:
         # None where the first trace was not (the steps are then per shapes, in ``_steps``)
         self._generic: dict[Any, CheckpointedStep | None] = {}
         self._where: dict[Any, tuple] = {}  # per key: where its captured outputs go
+        self._untraced: dict[Any, int] = {}  # per key: unplanned calls for want of a trace
         self._warned: set[str] = set()
         self._once = once if once is not None else set()  # shared by the plan's units
         self.planned_steps = self.fallback_steps = 0
@@ -219,7 +205,8 @@ class UnitForward:
         self.trial = False  # (`step.warm_up`'s compiled-call pass: a step not traced is dropped)
 
     def __getstate__(self) -> dict[str, Any]:  # (traces do not copy or pickle)
-        return {**vars(self), "_steps": {}, "_generic": {}, "_warned": set(), "_where": {}}
+        return {**vars(self), "_steps": {}, "_generic": {}, "_warned": set(), "_where": {},
+                "_untraced": {}}
 
     @property
     def traces(self) -> int:
@@ -264,6 +251,13 @@ class UnitForward:
                 del self._steps[key]
                 return self.own(*args, **kwargs)
             self._fall_back(step)
+            if step.startswith(UNTRACED):  # (what failed may pass: tried again at the
+                # signature's 2nd, 4th, 8th, ... unplanned call)
+                n = self._untraced[key] = self._untraced.get(key, 0) + 1
+                if n & (n - 1) == 0:
+                    self._steps.pop(key, None)
+                    if self._generic.get(base, False) is None:
+                        del self._generic[base]
             return self.own(*args, **kwargs)
         if not torch.compiler.is_compiling():
             self.planned_steps += 1
@@ -315,11 +309,13 @@ class UnitForward:
         forward = self.base if not self._bound else (lambda unit, *a, **k: self.base(*a, **k))
         call = _UnitCall(self.module, forward, spec, consts, collector)
         try:
-            with warnings.catch_warnings():  # (its lost hooks: said when the step was profiled)
-                warnings.simplefilter("ignore", UserCodeWarning)
+            # (the user's dispatch modes, a memory tracker or a FLOP counter around the step,
+            # do not see the trace: they would read the tracer's fake tensors' storage)
+            with warnings.catch_warnings(), _disable_current_modes():
+                warnings.simplefilter("ignore", UserCodeWarning)  # (said when profiled)
                 gm = trace(call, tensors, tracer=self.tracer, dynamic=dynamic)
         except RuntimeError as e:
-            return f"the unit could not be traced at this call ({first_line(e)})"
+            return f"{UNTRACED} at this call ({first_line(e)})"
         finally:
             call.collector = None  # (the user's: not kept)
         self._where[key] = call.where
@@ -327,20 +323,33 @@ class UnitForward:
         sizes = tuple(n for n in info.size_nodes if n not in info.loss_nodes)
         nodes = [n for n in model_nodes(gm) if n.name not in info.loss_nodes
                  and n.name not in sizes]
-        got = tuple(_op(n.op, target_str(n), "unit") for n in nodes)
-        if got != self.ops:
+        got = tuple(unit_op(n.op, target_str(n), "unit") for n in nodes)
+        run, where = next(((r, w) for r in (self.run, *self.variants)
+                           if (w := match_ops(got, r.ops)) is not None), (None, None))
+        if run is None or where is None:
             at = next((i for i, (x, y) in enumerate(zip(got, self.ops)) if x != y),
                       min(len(got), len(self.ops)))
+            held = f" nor of its {len(self.variants)} planned variant(s)" if self.variants else ""
             return (f"at this call the unit traces to other ops than its call in the profiled "
-                    f"step ({len(got)} against {len(self.ops)}; first difference at op {at}: "
-                    f"{got[at][1] if at < len(got) else None!r} against "
+                    f"step{held} ({len(got)} against {len(self.ops)}; first difference at op "
+                    f"{at}: {got[at][1] if at < len(got) else None!r} against "
                     f"{self.ops[at][1] if at < len(self.ops) else None!r}); solve for the "
                     "inputs you train with")
-        rel = {f"#{i}": n.name for i, n in enumerate(nodes)}
+        rel = {f"#{j}": n.name for n, j in zip(nodes, where) if j is not None}
+        # (views the trace for all sizes holds and the profiled one did not: each runs with
+        # the op after it)
+        before: dict[str, list[str]] = {}
+        pending: list[str] = []
+        for n, j in zip(nodes, where):
+            if j is None:
+                pending.append(n.name)
+            elif pending:
+                before[n.name], pending = pending, []
         try:
             first = [Region("keep", sizes)] if sizes else []  # (size nodes: kept, first)
-            schedule = Schedule(first + [_renamed(r, rel) for r in self.regions],
-                                meta=flop_saves_meta(rel[n] for n in self.flop_saves))
+            regions = with_extras([renamed(r, rel) for r in run.regions], before, pending)
+            schedule = Schedule(first + regions,
+                                meta=flop_saves_meta(rel[n] for n in run.flop_saves))
             return CheckpointedStep(gm, schedule, root=call)
         except ScheduleError as e:
             return f"the unit's regions do not run at this call ({first_line(e)})"

@@ -28,9 +28,10 @@ from ..ir.schedule import Schedule
 from ..rewrite import rewrite
 from .plans import units_plan
 from .runtime import rewrite_units
+from .variants import unit_runs, variant_inputs
 
 __all__ = ["called_once", "gives_positions", "in_param_dtype", "planned_module", "profile_units",
-           "warm_up", "without_cache"]
+           "profile_variants", "warm_up", "without_cache"]
 
 
 def gives_positions(model: nn.Module, example_inputs: Any) -> bool:
@@ -119,6 +120,39 @@ def profile_units(model: nn.Module, example_inputs: Any, units: Any, *, parallel
     if engine is not None:
         graph = per_rank(graph, engine, param_groups(model, choice.paths))
     return gm, graph, inputs, choice
+
+
+def profile_variants(model: nn.Module, example_inputs: Any, graph: CostGraph,
+                     choice: UnitChoice, **kwargs: Any
+                     ) -> list[tuple[str, CostGraph | str]]:
+    """The step's call variants (`variants.variant_inputs`: a compiled step's explicit mask,
+    a padded or unpadded batch) whose units run other ops than in ``graph``, the step
+    `profile_units` profiled at ``example_inputs`` with units ``choice``: ``(name, graph)``
+    for each, profiled as ``graph`` was (``kwargs``), one per distinct set of unit ops; or
+    ``(name, why)`` for one that could not be profiled with the same units."""
+    seen = {_unit_ops(graph)}
+    out: list[tuple[str, CostGraph | str]] = []
+    for name, inputs, context in variant_inputs(model, example_inputs):
+        try:
+            with context():
+                _, g, _, got = profile_units(model, inputs, list(choice.paths), **kwargs)
+        except Exception as e:  # noqa: BLE001 - said, and its calls run unplanned (warned)
+            out.append((name, f"its step could not be profiled ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:200] if str(e) else ''})"))
+            continue
+        if got.paths != choice.paths:
+            out.append((name, f"its units differ ({got.why})"))
+            continue
+        ops = _unit_ops(g)
+        if ops not in seen:
+            seen.add(ops)
+            out.append((name, g))
+    return out
+
+
+def _unit_ops(graph: CostGraph) -> tuple[Any, ...]:
+    return tuple(sorted((path, tuple(r.ops for r in runs))
+                        for path, runs in unit_runs(graph, Schedule.none(graph)).items()))
 
 
 def in_param_dtype(model: nn.Module | None, example_inputs: Any, dtype: torch.dtype
