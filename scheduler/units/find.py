@@ -49,10 +49,15 @@ def find_units(model: nn.Module, units: Any = "auto") -> UnitChoice:
             message names the value and the forms it can take).
     """
     if isinstance(units, str) and units == DEFAULT:
-        if not getattr(model, "_no_split_modules", None):
+        if getattr(model, "_no_split_modules", None):
+            units = "auto"
+        elif _declares_blocks(model):
+            return _by_structure(model, [(p, m) for p, m in model.named_modules() if p], (
+                f"the default for a {_family(model)} model whose _no_split_modules is empty: "
+                "units by structure, "))
+        else:
             return UnitChoice((), "the default for a model without _no_split_modules: one "
                                   "traced graph for the whole step (units='auto': its blocks)")
-        units = "auto"
     if units is None or units is False:
         return UnitChoice((), "units=None: one traced graph for the whole step")
     mods = [(p, m) for p, m in model.named_modules() if p]
@@ -95,13 +100,40 @@ def _auto(model: nn.Module, mods: list[tuple[str, nn.Module]]) -> UnitChoice:
         paths = _outermost([p for p, m in mods if pick(p, m)])
         if len(paths) >= 2:
             return UnitChoice(paths, f"{what}: {_count(model, paths)}")
+    return _by_structure(model, mods, (
+        f"the model's _no_split_modules ({', '.join(sorted(names))}) name fewer than two "
+        "modules: units by structure, " if names else
+        "units by structure (the model declares no _no_split_modules): "))
+
+
+def _by_structure(model: nn.Module, mods: list[tuple[str, nn.Module]], why: str
+                  ) -> UnitChoice:
+    """Rule 3: the outermost identical children of a ModuleList or Sequential, wherever they
+    sit; ``why`` starts the reason."""
     paths = _outermost([p for p, m in mods if p in _repeated(mods)])
     if len(paths) >= 2:
-        return UnitChoice(paths, f"the identical children of a ModuleList or Sequential: "
+        return UnitChoice(paths, f"{why}the identical children of a ModuleList or Sequential: "
                                  f"{_count(model, paths)}")
-    return UnitChoice((), "no repeated blocks (no ModuleList or Sequential of identical "
+    return UnitChoice((), f"{why}no repeated blocks (no ModuleList or Sequential of identical "
                           "children, no _no_split_modules, no fully_shard): one traced graph "
                           "for the whole step")
+
+
+#: (module, class) of the model classes whose subclasses declare their blocks in
+#: ``_no_split_modules``, and whose step the default plans in units (module docstring)
+BLOCK_DECLARING = (("transformers.modeling_utils", "PreTrainedModel"),
+                   ("diffusers.models.modeling_utils", "ModelMixin"))
+
+
+def _family(model: nn.Module) -> str:
+    cls = next(c for c in type(model).__mro__ if (c.__module__, c.__name__) in BLOCK_DECLARING)
+    return "Hugging Face" if cls.__name__ == "PreTrainedModel" else "diffusers"
+
+
+def _declares_blocks(model: nn.Module) -> bool:
+    """Whether ``model`` is of a library whose models declare their blocks in
+    ``_no_split_modules`` (`BLOCK_DECLARING`): transformers' or diffusers'."""
+    return any((c.__module__, c.__name__) in BLOCK_DECLARING for c in type(model).__mro__)
 
 
 def _repeated(mods: list[tuple[str, nn.Module]]) -> set[str]:
