@@ -115,9 +115,7 @@ class TraceInfo:
     # None: only ``input_specs``), and its size nodes, moved to its start (`shapes.hoist_sizes`)
     shapes: Any = None
     size_nodes: tuple[str, ...] = ()
-    # why the step of a units plan was recorded as it ran (`recorded`: both tracers failed,
-    # named here); "" when it was traced
-    recorded: str = ""
+    recorded: str = ""  # both tracers' failures, where a units step was recorded as it ran
 
 
 class _Step(nn.Module):
@@ -201,7 +199,7 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     inputs = as_tuple(example_inputs)
     watch = usercode.Watch()  # the model's own checkpoint calls run as plain calls
-    recorded = ""  # (both tracers' failures, where the step was recorded as it ran)
+    recorded = ""  # (`TraceInfo.recorded`)
     probe = fake.active(model) if fake is not None else contextlib.nullcontext()
     answers: list[Any] = []  # (`EAGER_CHOICES`, under `eager_choices`)
     with preserved_state(model), torch.no_grad(), watch.running(), probe, _choices(answers, True):
@@ -259,7 +257,7 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
             except Exception as e2:  # noqa: BLE001
                 failed = (f"torch.fx.symbolic_trace failed with {fx_error}; torch.export failed "
                           f"with {usercode.first_line(e2)}{usercode.where(e2)}")
-                gm = _recorded(model, step, inputs, fake, failed, answers)
+                gm = _recorded(model, step, inputs, fake, answers)
                 if gm is None:
                     cache = _cache_in(out)
                     if cache is not None:
@@ -297,11 +295,9 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
 
 
 def _recorded(model: nn.Module, step: nn.Module, inputs: tuple[Any, ...], fake: Any,
-              failed: str, answers: list[Any]) -> fx.GraphModule | None:
-    """The step recorded as it runs (`recorded.record_step`) where both tracers failed
-    (``failed``), for the step of a units plan (`usercode.within_units`) on real inputs:
-    its code outside the units runs as written, and the graph only profiles it. None
-    otherwise, or when recording fails too (the tracers' failure is the one reported)."""
+              answers: list[Any]) -> fx.GraphModule | None:
+    """The step of a units plan (`usercode.within_units`) on real inputs recorded as it runs
+    (`recorded`) where both tracers failed; None otherwise or if recording fails too."""
     if fake is not None or not usercode.unit_paths():
         return None
     try:

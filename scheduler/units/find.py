@@ -8,13 +8,18 @@ own ``forward``, run as written. ``units="auto"`` looks, in order, for
 3. the children of a ``ModuleList`` or ``nn.Sequential`` with identical structure (two or
    more of one class, with the same parameter names, shapes and dtypes);
 
-and takes the first rule that finds two or more. ``units="default"`` (what `scheduler.solve`
-takes when none is named) is ``"auto"`` for a model that declares its blocks in
-``_no_split_modules`` (Hugging Face, diffusers: their traced graph is not what their eager
-forward runs, which builds no causal mask and keeps the cache out of training), and None (one
-traced graph for the whole step, whose regions may span blocks) for the rest. Users name units with a class, a glob of
-module paths (``"model.layers.*"``), a list of globs, or a predicate ``(path, module) ->
-bool``. Only the outermost of nested matches are units, and never the root.
+and takes the first rule that finds two or more (rule 3 finds the outermost such children
+wherever they sit: stages of blocks, an encoder's and a decoder's layers). ``units="default"``
+(what `scheduler.solve` takes when none is named) is ``"auto"`` for a model that declares its
+blocks in ``_no_split_modules`` (Hugging Face, diffusers: their traced graph is not what their
+eager forward runs, which builds no causal mask and keeps the cache out of training); for a
+model of those libraries whose ``_no_split_modules`` is empty (wav2vec2, DeBERTa-v2), rule 3
+(units by structure; the code around them, a head that reads tensor values included, runs as
+the user's: `capture.recorded`); and None (one traced graph for the whole step, whose
+regions may span blocks) for the rest. ``UnitChoice.why`` says which rule and why. Users
+name units with a class, a glob of module paths (``"model.layers.*"``), a list of globs, or
+a predicate ``(path, module) -> bool``. Only the outermost of nested matches are units, and
+never the root.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ import torch.nn as nn
 __all__ = ["DEFAULT", "UnitChoice", "find_units"]
 
 #: ``units=`` when none is named: ``"auto"`` where the model declares ``_no_split_modules``,
-#: else None (see the module docstring)
+#: units by structure for a Hugging Face or diffusers model whose list is empty, else None
+#: (see the module docstring)
 DEFAULT = "default"
 
 
@@ -73,9 +79,9 @@ def find_units(model: nn.Module, units: Any = "auto") -> UnitChoice:
         pick, what = units, f"predicate {getattr(units, '__name__', 'units')}"
     else:
         raise ValueError(
-            f"units={units!r} is not understood: pass 'auto', 'default', None (one graph for the whole "
-            "step), a module class, a glob of module paths such as 'model.layers.*' (or a "
-            "list of them), or a predicate (path, module) -> bool")
+            f"units={units!r} is not understood: pass 'auto', 'default', None (one graph for "
+            "the whole step), a module class, a glob of module paths such as "
+            "'model.layers.*' (or a list of them), or a predicate (path, module) -> bool")
     paths = _outermost([p for p, m in mods if pick(p, m)])
     if not paths:
         raise ValueError(
