@@ -212,7 +212,9 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
             ``fully_shard``), a module class, a glob of module paths, a predicate ``(path,
             module) -> bool``; or None for one traced graph of the whole step. The default,
             ``"default"``, is ``"auto"`` for a model that declares ``_no_split_modules``
-            (Hugging Face, diffusers) and None for the rest (`units.find`). With units,
+            (Hugging Face, diffusers), the identical children of a ModuleList or Sequential
+            for such a model whose list is empty, and None for the rest (`units.find`).
+            With units,
             ``plan.module`` runs the model's own ``forward`` (its signature, masks,
             hooks: what ``transformers.Trainer`` needs) and each unit's
             regions inside its calls (`units.runtime`), and the step is profiled as the

@@ -166,7 +166,7 @@ def profile_step(model: nn.Module, example_inputs: Any, *,
             if failure is not None and failure is not e:
                 raise failure from e
             raise
-        if failure is None and isinstance(e, TraceError):
+        if failure is None and isinstance(e, TraceError) and not e.needs_values:
             raise
         say("fake tensors cannot run this step: profiling it for real")
         gm = _trace(model, inputs, loss_fn)

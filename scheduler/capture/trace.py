@@ -26,6 +26,7 @@ from . import usercode
 from .calls import as_tuple, autocast_state, bare_copy, input_constants, input_specs
 from .eager_choices import choices as _choices
 from .mutation import alias_groups, mutated_inputs
+from .recorded import record_step
 from .shapes import any_sizes, export_dims, exported_pattern, hoist_sizes, quiet_auto_dims
 
 __all__ = ["trace", "TraceError", "TraceInfo", "LossRecipe", "as_tuple",
@@ -37,7 +38,11 @@ _SKIP_TARGETS = {"_guards_fn"}  # export's input guards: not part of the computa
 
 
 class TraceError(RuntimeError):
-    """Neither tracer could capture the model; the message names the failing op and the fix."""
+    """Neither tracer could capture the model; the message names the failing op and the fix.
+    ``needs_values``: the step of a units plan that could be recorded on real tensors
+    (`recorded`), traced on fake ones."""
+
+    needs_values = False
 
 
 
@@ -110,6 +115,7 @@ class TraceInfo:
     # None: only ``input_specs``), and its size nodes, moved to its start (`shapes.hoist_sizes`)
     shapes: Any = None
     size_nodes: tuple[str, ...] = ()
+    recorded: str = ""  # both tracers' failures, where a units step was recorded as it ran
 
 
 class _Step(nn.Module):
@@ -193,6 +199,7 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     inputs = as_tuple(example_inputs)
     watch = usercode.Watch()  # the model's own checkpoint calls run as plain calls
+    recorded = ""  # (`TraceInfo.recorded`)
     probe = fake.active(model) if fake is not None else contextlib.nullcontext()
     answers: list[Any] = []  # (`EAGER_CHOICES`, under `eager_choices`)
     with preserved_state(model), torch.no_grad(), watch.running(), probe, _choices(answers, True):
@@ -250,30 +257,54 @@ def trace(model: nn.Module, example_inputs: Sequence[Any], *,
             except Exception as e2:  # noqa: BLE001
                 failed = (f"torch.fx.symbolic_trace failed with {fx_error}; torch.export failed "
                           f"with {usercode.first_line(e2)}{usercode.where(e2)}")
-                cache = _cache_in(out)
-                if cache is not None:
-                    raise TraceError(
-                        f"could not trace {type(model).__name__}: its output holds a "
-                        f"{cache} (past_key_values: the model runs with use_cache=True), "
-                        "which neither tracer can return, and a training step does not use "
-                        "it. Set model.config.use_cache = False before solving (or build the "
-                        f"model with use_cache=False in its config). ({failed})") from e2
-                raise TraceError(
-                    f"could not trace {type(model).__name__}: {failed}. "
-                    "Make the failing line free of data-dependent Python control flow (branch on "
-                    "shapes, not tensor values; use torch.where), move it into the loss via "
-                    "loss_fn=..., or wrap the model so it returns tensors only") from e2
+                gm = _recorded(model, step, inputs, fake, answers)
+                if gm is None:
+                    cache = _cache_in(out)
+                    if cache is not None:
+                        raise TraceError(
+                            f"could not trace {type(model).__name__}: its output holds a "
+                            f"{cache} (past_key_values: the model runs with use_cache=True), "
+                            "which neither tracer can return, and a training step does not "
+                            "use it. Set model.config.use_cache = False before solving (or "
+                            f"build the model with use_cache=False in its config). ({failed})"
+                        ) from e2
+                    units = (" The step of a units plan is recorded as it runs where both "
+                             "fail, but only with real tensors: profile with mode='real'"
+                             if fake is not None and usercode.unit_paths() else "")
+                    error = TraceError(
+                        f"could not trace {type(model).__name__}: {failed}. Make the failing "
+                        "line free of data-dependent Python control flow (branch on shapes, "
+                        "not tensor values; use torch.where), move it into the loss via "
+                        "loss_fn=..., or wrap the model so it returns tensors only."
+                        + units)
+                    error.needs_values = bool(units)
+                    raise error from e2
+                used, sizes, shapes, recorded = "export", None, None, failed
     kept = [module_path(n) for n in model_nodes(gm) if n.op == "call_module"]  # fx's leaves
     info = TraceInfo(tracer=used, out_spec=out_spec, loss_fn=loss_fn,
                      fallback_reason=fx_error, training=model.training,
                      input_specs=input_specs(inputs), constants=input_constants(inputs),
                      autocast=autocast_state(), user_checkpoints=tuple(watch.checkpoints),
                      unfired_hooks=usercode.unfired_hooks(model, watch.called, kept),
-                     shapes=shapes, size_nodes=tuple(sizes or ()) if shapes is not None else ())
+                     shapes=shapes, size_nodes=tuple(sizes or ()) if shapes is not None else (),
+                     recorded=recorded)
     _classify(gm, info)
     gm.meta["scheduler"] = info
     usercode.warn_user_code(type(model).__name__, used, watch.checkpoints, info.unfired_hooks)
     return gm
+
+
+def _recorded(model: nn.Module, step: nn.Module, inputs: tuple[Any, ...], fake: Any,
+              answers: list[Any]) -> fx.GraphModule | None:
+    """The step of a units plan (`usercode.within_units`) on real inputs recorded as it runs
+    (`recorded`) where both tracers failed; None otherwise or if recording fails too."""
+    if fake is not None or not usercode.unit_paths():
+        return None
+    try:
+        with preserved_state(model), _choices(answers, False):
+            return record_step(step, inputs)
+    except Exception:  # noqa: BLE001 - the tracers' errors say more
+        return None
 
 
 def _on_meta(model: nn.Module) -> bool:

@@ -47,8 +47,8 @@ from torch.nn.modules import module as torch_module
 
 __all__ = ["UserCodeWarning", "LostHook", "LIBRARY_HOOKS", "STEP_FILE", "Watch",
            "plain_checkpoints", "called_modules", "export_quietly", "first_line",
-           "is_library_hook", "unfired_hooks", "warn_user_code", "is_user_file", "where",
-           "within_units"]
+           "is_library_hook", "unfired_hooks", "unit_paths", "warn_user_code", "is_user_file",
+           "where", "within_units"]
 
 #: File name of the generated step module's ``forward`` (scheduler code, not the user's).
 STEP_FILE = "<scheduler step>"
@@ -247,6 +247,11 @@ def within_units(paths: Collection[str]) -> Iterator[None]:
         yield
     finally:
         _UNITS.paths = before
+
+
+def unit_paths() -> tuple[str, ...]:
+    """The units of the plan whose step is being traced (`within_units`); () otherwise."""
+    return getattr(_UNITS, "paths", ())
 
 
 def warn_user_code(model_name: str, tracer: str, checkpoints: Collection[str],

@@ -8,13 +8,18 @@ own ``forward``, run as written. ``units="auto"`` looks, in order, for
 3. the children of a ``ModuleList`` or ``nn.Sequential`` with identical structure (two or
    more of one class, with the same parameter names, shapes and dtypes);
 
-and takes the first rule that finds two or more. ``units="default"`` (what `scheduler.solve`
-takes when none is named) is ``"auto"`` for a model that declares its blocks in
-``_no_split_modules`` (Hugging Face, diffusers: their traced graph is not what their eager
-forward runs, which builds no causal mask and keeps the cache out of training), and None (one
-traced graph for the whole step, whose regions may span blocks) for the rest. Users name units with a class, a glob of
-module paths (``"model.layers.*"``), a list of globs, or a predicate ``(path, module) ->
-bool``. Only the outermost of nested matches are units, and never the root.
+and takes the first rule that finds two or more (rule 3 finds the outermost such children
+wherever they sit: stages of blocks, an encoder's and a decoder's layers). ``units="default"``
+(what `scheduler.solve` takes when none is named) is ``"auto"`` for a model that declares its
+blocks in ``_no_split_modules`` (Hugging Face, diffusers: their traced graph is not what their
+eager forward runs, which builds no causal mask and keeps the cache out of training); for a
+model of those libraries whose ``_no_split_modules`` is empty (wav2vec2, DeBERTa-v2), rule 3
+(units by structure; the code around them, a head that reads tensor values included, runs as
+the user's: `capture.recorded`); and None (one traced graph for the whole step, whose
+regions may span blocks) for the rest. ``UnitChoice.why`` says which rule and why. Users
+name units with a class, a glob of module paths (``"model.layers.*"``), a list of globs, or
+a predicate ``(path, module) -> bool``. Only the outermost of nested matches are units, and
+never the root.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ import torch.nn as nn
 __all__ = ["DEFAULT", "UnitChoice", "find_units"]
 
 #: ``units=`` when none is named: ``"auto"`` where the model declares ``_no_split_modules``,
-#: else None (see the module docstring)
+#: units by structure for a Hugging Face or diffusers model whose list is empty, else None
+#: (see the module docstring)
 DEFAULT = "default"
 
 
@@ -49,10 +55,15 @@ def find_units(model: nn.Module, units: Any = "auto") -> UnitChoice:
             message names the value and the forms it can take).
     """
     if isinstance(units, str) and units == DEFAULT:
-        if not getattr(model, "_no_split_modules", None):
+        if getattr(model, "_no_split_modules", None):
+            units = "auto"
+        elif _declares_blocks(model):
+            return _by_structure(model, [(p, m) for p, m in model.named_modules() if p], (
+                f"the default for a {_family(model)} model whose _no_split_modules is empty: "
+                "units by structure, "))
+        else:
             return UnitChoice((), "the default for a model without _no_split_modules: one "
                                   "traced graph for the whole step (units='auto': its blocks)")
-        units = "auto"
     if units is None or units is False:
         return UnitChoice((), "units=None: one traced graph for the whole step")
     mods = [(p, m) for p, m in model.named_modules() if p]
@@ -68,9 +79,9 @@ def find_units(model: nn.Module, units: Any = "auto") -> UnitChoice:
         pick, what = units, f"predicate {getattr(units, '__name__', 'units')}"
     else:
         raise ValueError(
-            f"units={units!r} is not understood: pass 'auto', 'default', None (one graph for the whole "
-            "step), a module class, a glob of module paths such as 'model.layers.*' (or a "
-            "list of them), or a predicate (path, module) -> bool")
+            f"units={units!r} is not understood: pass 'auto', 'default', None (one graph for "
+            "the whole step), a module class, a glob of module paths such as "
+            "'model.layers.*' (or a list of them), or a predicate (path, module) -> bool")
     paths = _outermost([p for p, m in mods if pick(p, m)])
     if not paths:
         raise ValueError(
@@ -95,13 +106,40 @@ def _auto(model: nn.Module, mods: list[tuple[str, nn.Module]]) -> UnitChoice:
         paths = _outermost([p for p, m in mods if pick(p, m)])
         if len(paths) >= 2:
             return UnitChoice(paths, f"{what}: {_count(model, paths)}")
+    return _by_structure(model, mods, (
+        f"the model's _no_split_modules ({', '.join(sorted(names))}) name fewer than two "
+        "modules: units by structure, " if names else
+        "units by structure (the model declares no _no_split_modules): "))
+
+
+def _by_structure(model: nn.Module, mods: list[tuple[str, nn.Module]], why: str
+                  ) -> UnitChoice:
+    """Rule 3: the outermost identical children of a ModuleList or Sequential, wherever they
+    sit; ``why`` starts the reason."""
     paths = _outermost([p for p, m in mods if p in _repeated(mods)])
     if len(paths) >= 2:
-        return UnitChoice(paths, f"the identical children of a ModuleList or Sequential: "
+        return UnitChoice(paths, f"{why}the identical children of a ModuleList or Sequential: "
                                  f"{_count(model, paths)}")
-    return UnitChoice((), "no repeated blocks (no ModuleList or Sequential of identical "
+    return UnitChoice((), f"{why}no repeated blocks (no ModuleList or Sequential of identical "
                           "children, no _no_split_modules, no fully_shard): one traced graph "
                           "for the whole step")
+
+
+#: (module, class) of the model classes whose subclasses declare their blocks in
+#: ``_no_split_modules``, and whose step the default plans in units (module docstring)
+BLOCK_DECLARING = (("transformers.modeling_utils", "PreTrainedModel"),
+                   ("diffusers.models.modeling_utils", "ModelMixin"))
+
+
+def _family(model: nn.Module) -> str:
+    cls = next(c for c in type(model).__mro__ if (c.__module__, c.__name__) in BLOCK_DECLARING)
+    return "Hugging Face" if cls.__name__ == "PreTrainedModel" else "diffusers"
+
+
+def _declares_blocks(model: nn.Module) -> bool:
+    """Whether ``model`` is of a library whose models declare their blocks in
+    ``_no_split_modules`` (`BLOCK_DECLARING`): transformers' or diffusers'."""
+    return any((c.__module__, c.__name__) in BLOCK_DECLARING for c in type(model).__mro__)
 
 
 def _repeated(mods: list[tuple[str, nn.Module]]) -> set[str]:
