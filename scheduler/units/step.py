@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import warnings
 from copy import deepcopy
 from collections.abc import Mapping
 from typing import Any
@@ -18,7 +19,7 @@ import torch.utils._pytree as pytree
 from ..capture.eager_choices import compiled_choices, eager_choices
 from ..capture.profile import profile_step
 from ..capture.trace import preserved_state
-from ..capture.usercode import within_units
+from ..capture.usercode import UserCodeWarning, within_units
 from ..distributed import param_groups, process_group
 from ..parallel import FSDP2, ParallelError, parse_parallel, per_rank
 from ..ir.graph import CostGraph
@@ -134,7 +135,8 @@ def profile_variants(model: nn.Module, example_inputs: Any, graph: CostGraph,
     out: list[tuple[str, CostGraph | str]] = []
     for name, inputs, context in variant_inputs(model, example_inputs):
         try:
-            with context():
+            with context(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserCodeWarning)  # (said of the main step)
                 _, g, _, got = profile_units(model, inputs, list(choice.paths), **kwargs)
         except Exception as e:  # noqa: BLE001 - said, and its calls run unplanned (warned)
             out.append((name, f"its step could not be profiled ({type(e).__name__}: "
