@@ -20,6 +20,7 @@ import scheduler
 from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import CostGraph
 from scheduler.ir.schedule import Schedule
+from scheduler.quantities import format_bytes
 from scheduler.solvers import get_solver
 from scheduler.solvers.base import finish
 
@@ -161,10 +162,10 @@ def test_a_save_set_replays_under_autocast_as_the_model_runs(profiled: tuple, ho
 
     fresh = build(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64, batch=2,
                   seed=0)[0]
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        module = scheduler.apply(model, schedule, inputs)
     kw: dict = {"cache off": {"cache_enabled": False},
                 "backward outside": {"backward_inside": False}}.get(how, {})
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=how != "cache off"):
+        module = scheduler.apply(model, schedule, inputs)  # (traced in the autocast it runs)
     if how == "warm":
         with torch.autocast("cpu", dtype=torch.bfloat16):
             _step(module, inputs)  # (the block's first step fills the cache)
@@ -194,3 +195,38 @@ def test_a_save_set_under_autocast_is_kept_and_fits_its_prediction(profiled: tup
         module = scheduler.apply(model, schedule, inputs)
         m = scheduler.measure(module, inputs, repeats=1, allocator=False)
     assert m.peak_bytes <= predicted
+
+
+def test_an_infeasible_budget_under_autocast_names_the_cache_and_the_way_out(
+        profiled: tuple) -> None:
+    """Below what the cached casts leave room for, the error says how many bytes the cache
+    holds (the model's own Linear parameters' bf16 casts) and names ``cache_enabled=False``;
+    without autocast it says nothing of it."""
+    model, inputs, g = profiled
+    with pytest.raises(scheduler.InfeasibleBudgetError) as caught:
+        scheduler.solve_graph(g, g.base_bytes // 2, time_limit_s=5)
+    message = str(caught.value)
+    held = format_bytes(cast_bytes(model))
+    assert f"{held} are the casts of parameters" in message
+    assert "cache_enabled=False" in message
+    plain = scheduler.profile(model, inputs, mode="fake", repeats=1)
+    with pytest.raises(scheduler.InfeasibleBudgetError) as caught:
+        scheduler.solve_graph(plain, plain.base_bytes // 2, time_limit_s=5)
+    assert "cache_enabled" not in str(caught.value)
+
+
+def test_autocast_with_its_cache_off_is_another_signature(profiled: tuple) -> None:
+    """A plan solved with autocast's cache on and run with it off (or the other way round)
+    runs at a memory it was not solved for (the casts freed by checkpoints, or held all
+    step): the call is traced again for it, with a warning that names the cache."""
+    model, inputs, g = profiled
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        module = scheduler.apply(model, _saving_blocks(g), inputs)
+    with pytest.warns(RuntimeWarning, match=r"autocast .*'cache', 'off'"):
+        got = _step(module, inputs, cache_enabled=False)
+    assert module.forward.traces == 2
+    from examples.gpt import build
+
+    fresh = build(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64, batch=2,
+                  seed=0)[0]
+    _same(got, _step(fresh, inputs, cache_enabled=False))
