@@ -165,7 +165,8 @@ def infeasible_error(graph: CostGraph, solver: str, result: SolveResult, budget_
     """The error for an INFEASIBLE result, naming the smallest budget known to fit; with
     ``budget``, the budget as the user wrote it, it adds `percent_hint`'s question."""
     if result.floor is not None:
-        return _floor_error(result.floor, solver, budget_bytes, headroom, budget)
+        return _floor_error(result.floor, solver, budget_bytes, headroom, budget,
+                            _autocast_hint(graph))
     if result.min_feasible_bytes is not None:
         # the exact solvers (dp, cpsat) give the exact minimum over their schedule space
         min_peak, by, exact = result.min_feasible_bytes, solver, True
@@ -198,6 +199,7 @@ def infeasible_error(graph: CostGraph, solver: str, result: SolveResult, budget_
         message = (f"budget {asked} is infeasible for solver {solver!r}: the smallest budget "
                    f"any schedule tried fits is {smallest} ({by!r}); use budget={need} or more, "
                    "or an exact solver ('auto'), which finds the true minimum")
+    message += _autocast_hint(graph)
     return InfeasibleBudgetError(_in_terms(message, headroom, budget, budget_bytes),
                                  budget_bytes=budget_bytes, min_feasible_bytes=need)
 
@@ -220,8 +222,20 @@ def _before_headroom(peak: int, headroom: float) -> int:
     return need
 
 
+def _autocast_hint(graph: CostGraph) -> str:
+    """Under autocast with its cache on, what the cache holds that no schedule frees, and the
+    way out (the profile counts the casts as held all step, `capture.autocast_cache`)."""
+    cached = graph.meta.get("autocast_cache", {}).get("bytes", 0)
+    if not cached:
+        return ""
+    return (f". Of every peak, {format_bytes(cached)} are the casts of parameters that "
+            f"torch.autocast's cache holds all step, which no checkpoint frees: profile and "
+            f"train under torch.autocast(..., cache_enabled=False) to let checkpoints free "
+            f"them (each use of a weight then casts it anew)")
+
+
 def _floor_error(floor: Any, solver: str, budget_bytes: int, headroom: float,
-                 budget: Any) -> InfeasibleBudgetError:
+                 budget: Any, extra: str = "") -> InfeasibleBudgetError:
     """The error naming a `Floor`: proven (OPTIMAL), or a schedule that fits above a proven
     bound with the gap between them unknown."""
     need = _before_headroom(floor.named_bytes, headroom)
@@ -229,7 +243,7 @@ def _floor_error(floor: Any, solver: str, budget_bytes: int, headroom: float,
     found = _before_headroom(floor.bytes, headroom)
     message = (f"budget {format_bytes(budget_bytes)} ({budget_bytes} bytes) is infeasible for "
                f"solver {solver!r}: {floor.describe(need, low)}; use budget={need} or more "
-               f"({floor.promise(need, found)})")
+               f"({floor.promise(need, found)})") + extra
     return InfeasibleBudgetError(_in_terms(message, headroom, budget, budget_bytes),
                                  budget_bytes=budget_bytes, min_feasible_bytes=need,
                                  floor=floor, lower_bound_bytes=low, status=floor.status)

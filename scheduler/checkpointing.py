@@ -14,6 +14,7 @@ version counter).
 
 from __future__ import annotations
 
+import collections
 import functools
 from typing import Any
 
@@ -24,6 +25,8 @@ from torch.fx import traceback as fx_traceback
 from torch.utils import _python_dispatch
 from torch.utils.checkpoint import (
     CheckpointPolicy,
+    _CachedTorchDispatchMode,
+    _CachingTorchDispatchMode,
     checkpoint,
     create_selective_checkpoint_contexts,
     get_device_states,
@@ -112,6 +115,61 @@ _SAVE_CONTEXT = functools.partial(create_selective_checkpoint_contexts, save_pol
                                   allow_cache_entry_mutation=True)
 
 
+# -- save sets under autocast --------------------------------------------------------------
+# Autocast caches the cast of a parameter (a leaf that requires grad) until the outermost
+# ``torch.autocast`` exits, and a cast it finds there is not dispatched at all. So forward and
+# the replay of a region need not dispatch the same casts: forward casts a weight the cache did
+# not hold, the replay (inside the same autocast block) finds it cached, or the other way
+# round (forward found the cast a former region or step made; a replay in backward outside the
+# block enters an autocast of its own, with an empty cache). Selective checkpointing matches
+# the replay's ops to forward's by op and count, so one cast missing shifts every later cast:
+# the replay would be handed the wrong saved tensor. Under autocast, a save set's region
+# therefore leaves parameter casts out of that matching (as torch leaves out ``detach``): they
+# run wherever they are dispatched, in forward and in the replay, and are never saved. What
+# that costs: nothing where the replay finds the cast in the cache (a step whose forward and
+# backward run in one autocast block, as the profile models it); otherwise the replay casts
+# the weight again, as a region without a save set does, into memory the profile counts as
+# held all step (`capture.autocast_cache`).
+_TO_COPY = torch.ops.aten._to_copy.default
+
+
+def _param_cast(func: Any, args: tuple[Any, ...]) -> bool:
+    """Whether ``func(*args)`` is a cast of a parameter: the only ops whose dispatch depends
+    on autocast's cache (which holds the casts of leaves that require grad)."""
+    if func is not _TO_COPY or not args:
+        return False
+    t = args[0]
+    return isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf
+
+
+class _SaveForward(_CachingTorchDispatchMode):
+    """Selective checkpointing's forward mode, with parameter casts left out (`_param_cast`)."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        if _param_cast(func, args):
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+class _SaveReplay(_CachedTorchDispatchMode):
+    """Selective checkpointing's replay mode, with parameter casts left out (`_param_cast`):
+    they are cast again where autocast's cache does not hold them."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        if _param_cast(func, args):
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def _autocast_save_context() -> tuple[Any, Any]:
+    """``context_fn`` of a region with a save set that runs eagerly under autocast."""
+    storage: dict[Any, dict[int, Any]] = collections.defaultdict(dict)
+    return (_SaveForward(save_policy, storage),
+            _SaveReplay(save_policy, storage, allow_cache_entry_mutation=True))
+
+
 def _get_rng(vals: tuple[Any, ...]) -> tuple[Any, ...]:
     # the states checkpoint(preserve_rng_state=True) itself stashes: CPU, and the devices of
     # the region's tensor inputs once CUDA is initialised
@@ -174,12 +232,7 @@ class CheckpointRegion(nn.Module):
             return checkpoint(functools.partial(self.body, None, attrs), *inputs,
                               use_reentrant=False, preserve_rng_state=self.random, **kw)
         if self.has_save and any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")):
-            raise RuntimeError(
-                "a recompute region with a save set cannot run under torch.autocast: its replay "
-                "finds weight casts in autocast's cache that forward made, and selective "
-                "checkpointing would hand it the wrong saved tensors. Solve inside the same "
-                "torch.autocast you train in (the solvers then plan without save sets), or "
-                "train without autocast")
+            kw = {"context_fn": _autocast_save_context}
         # (the call state keeps the inputs only for a save set's RNG states: a nested region's
         # inputs must die when its parent's checkpoint lets go of them)
         call = EagerCall(inputs if self.has_save and self.random else (), self.random)

@@ -281,7 +281,8 @@ class PlanForward:
             "shapes": ([s for s in specs if s], [s for s in self.info.input_specs if s],
                        "tensor inputs of shapes and dtypes"),
             "constants": (constants, self.info.constants, "non-tensor arguments"),
-            "autocast": (autocast, self.info.autocast, "autocast (device, dtype)"),
+            "autocast": (autocast, self.info.autocast,
+                         "autocast (device, dtype; its cache where off)"),
         }
         for kind, (now, then, what) in checks.items():
             if kind in self._warned or tuple(now) == tuple(then):

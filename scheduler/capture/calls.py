@@ -68,10 +68,15 @@ def constant_key(x: Any) -> Any:
     return (type(x), x)
 
 
-def autocast_state() -> tuple[tuple[str, torch.dtype], ...]:
-    """``(device type, dtype)`` of each device type autocast is enabled for right now."""
-    return tuple((d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
-                 if torch.is_autocast_enabled(d))
+def autocast_state() -> tuple[tuple[str, Any], ...]:
+    """``(device type, dtype)`` of each device type autocast is enabled for right now, then
+    ``("cache", "off")`` where it is enabled with its cache of parameter casts off
+    (``cache_enabled=False``): the casts are then tensors a checkpoint frees, not held all
+    step, so a plan's memory differs (`capture.autocast_cache`)."""
+    state = tuple((d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
+                  if torch.is_autocast_enabled(d))
+    return state + (("cache", "off"),) if state and not torch.is_autocast_cache_enabled() \
+        else state
 
 
 def module_copy(model: nn.Module, *, hooks: bool = True) -> nn.Module:

@@ -365,8 +365,8 @@ def build_graph(prog: Program, rec: Rec, fwd_t: dict[str, float], bwd_t: list[fl
                          "nodes": [n.name for n in prog.nodes if may_draw_random(n, prog.gm)]},
               # the step holds the loss until backward ends
               "loss_node": prog.loss_leaf.name if isinstance(prog.loss_leaf, fx.Node) else "",
-              # (device type, dtype) of the autocast it was recorded under (save sets cannot
-              # run there: `solvers.base.finish`)
+              # (device type, dtype) of the autocast it was recorded under, then ["cache",
+              # "off"] where its cache was off (`calls.autocast_state`)
               **({"autocast": [[d, str(t).removeprefix("torch.")] for d, t in info.autocast]}
                  if info.autocast else {}),
               **cast_meta},

@@ -108,7 +108,7 @@ class TraceInfo:
     input_specs: tuple[tuple[tuple[int, ...], torch.dtype] | None, ...] = ()
     # the non-tensor leaves of those inputs (`input_constants`): both tracers bake them in
     constants: tuple[Any, ...] = ()
-    autocast: tuple[tuple[str, torch.dtype], ...] = ()  # `autocast_state` while it was traced
+    autocast: tuple[tuple[str, Any], ...] = ()  # `autocast_state` while it was traced
     user_checkpoints: tuple[str, ...] = ()  # "file:line" of the model's own checkpoint calls
     unfired_hooks: tuple[usercode.LostHook, ...] = ()  # hooks the plan's step does not run
     # traced with ``dynamic=True``: the input shapes the graph holds for (`shapes.ShapePattern`;

@@ -36,8 +36,8 @@ little of the compiled step (on the GPT example the form of "no checkpointing" i
 at 18.16 MiB eagerly and measured 11.44 MiB compiled, against 15.46 MiB for the model). So
 where the compiled peak is measured (``check_budget=False``: `compiled_fit`) every block
 takes its form; elsewhere blocks take it one by one only as far as the eager prediction stays
-within the schedule's budget. Under ``torch.autocast`` (save sets are dropped there,
-`solvers.base.finish`) the schedule stays as it is.
+within the schedule's budget. Under ``torch.autocast`` the schedule stays as it is (the form's
+save sets under autocast are not checked compiled).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from ..cost.simulate import Estimate, simulate
 from ..cost.static import Static
 from ..ir.graph import CostGraph
 from ..ir.replays import legalize
-from ..ir.schedule import Region, Schedule
+from ..ir.schedule import Schedule
 
 __all__ = ["OPTIMAL", "FEASIBLE", "INFEASIBLE", "SolveResult", "Solver", "register",
            "get_solver", "available", "UnknownSolverError", "finish", "reaches", "above",
@@ -168,13 +168,7 @@ def finish(graph: CostGraph, budget_bytes: int, schedule: Schedule | None, *, so
         schedule, moved = legalize(graph, schedule)
         if moved:
             schedule = replace(schedule, meta={**schedule.meta, "moved_cuts": moved})
-        unsaved = graph.meta.get("autocast") and any(_saves(r) for r in schedule.regions)
-        if unsaved:
-            # a save set's replay under autocast is handed the wrong cached tensors
-            # (`checkpointing.CheckpointRegion`): its regions recompute whole instead
-            schedule = replace(schedule, regions=tuple(_without_saves(r) for r in schedule.regions),
-                               meta={**schedule.meta, "save_sets_dropped": "autocast"})
-        if (moved or unsaved) and status != INFEASIBLE:
+        if moved and status != INFEASIBLE:
             status = lower_bound_s = None
     est = simulate(graph, schedule) if schedule is not None else None
     claimed = status
@@ -240,11 +234,3 @@ def graph_cache(graph: CostGraph, name: str) -> dict[Any, Any]:
     storages or events change (`Static.of` builds a new one then). Values must not hold the
     graph itself, which would keep it alive."""
     return _CACHES.setdefault(Static.of(graph), {}).setdefault(name, {})
-
-
-def _saves(region: Region) -> bool:
-    return bool(region.save) or any(_saves(r) for r in region.inner)
-
-
-def _without_saves(region: Region) -> Region:
-    return replace(region, save=frozenset(), inner=tuple(_without_saves(r) for r in region.inner))

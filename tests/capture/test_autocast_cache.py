@@ -20,6 +20,7 @@ import scheduler
 from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import CostGraph
 from scheduler.ir.schedule import Schedule
+from scheduler.quantities import format_bytes
 from scheduler.solvers import get_solver
 from scheduler.solvers.base import finish
 
@@ -100,59 +101,132 @@ def test_no_autocast_holds_nothing(profiled: tuple) -> None:
     assert g.base_bytes == sum(p.numel() * 4 for p in model.parameters()) + inputs[0].numel() * 8
 
 
-def _step(module: nn.Module, inputs: tuple[torch.Tensor]) -> tuple[torch.Tensor, list]:
-    """Loss and gradients of one step from an empty autocast cache (an autocast block's first
-    step), random ops drawn after seed 0."""
+def _step(module: nn.Module, inputs: tuple[torch.Tensor], *, fresh: bool = True,
+          backward_inside: bool = True, **autocast: bool) -> tuple[torch.Tensor, list]:
+    """Loss and gradients of one step under bf16 autocast (``autocast``: its other
+    arguments), random ops drawn after seed 0. ``fresh``: from an empty autocast cache (an
+    autocast block's first step), else from the cache the caller's block holds;
+    ``backward_inside``: backward inside the autocast block, else after it (PyTorch's
+    recommendation: checkpoint's replay then enters an autocast of its own)."""
     for p in module.parameters():
         p.grad = None
     torch.manual_seed(0)
-    torch.clear_autocast_cache()
-    loss = module(*inputs).float().mean()
-    loss.backward()
+    if fresh:
+        torch.clear_autocast_cache()
+    with torch.autocast("cpu", dtype=torch.bfloat16, **autocast):
+        loss = module(*inputs).float().mean()
+        if backward_inside:
+            loss.backward()
+    if not backward_inside:
+        loss.backward()
     grads = [p.grad for p in module.parameters()]
     for p in module.parameters():
         p.grad = None
     return loss.detach(), grads
 
 
-def test_a_save_set_under_autocast_is_refused_and_never_solved_for(profiled: tuple) -> None:
-    """A save set caches its nodes' ops for the replay, in order, per op: the cast of a weight
-    made in forward (the cache was empty) is found in autocast's cache by the replay, which
-    dispatches no cast for it, so the save set hands the weight's cast to the next cast the
-    replay makes (an error, or wrong values where the shapes agree). Recomputing the cached
-    casts in the policy (not saving them) was not enough: saving a Linear node or attention
-    still fails. So such a region refuses to run under autocast (before computing anything),
-    and the solvers' results on a graph profiled under autocast carry no save set."""
-    model, inputs, g = profiled
+def _same(got: tuple[torch.Tensor, list], want: tuple[torch.Tensor, list]) -> None:
+    assert torch.equal(got[0], want[0])
+    assert len(got[1]) == len(want[1])
+    assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+
+
+def _saving_blocks(g: CostGraph) -> Schedule:
+    """Each block recomputed, every node of it that allocates saved; the rest kept."""
     spans, names, i = [], g.compute_nodes, 0
-    while i < len(names):  # each block recomputed, every node of it that allocates saved
+    while i < len(names):
         j, block = i, g.node(names[i]).block
         while j < len(names) and g.node(names[j]).block == block:
             j += 1
         save = [n for n in names[i:j] if g.allocates(n)] if block else ()
         spans.append((i, j, "recompute", save) if block else (i, j, "keep"))
         i = j
-    schedule = Schedule.from_regions(g, spans, solver="test")
+    return Schedule.from_regions(g, spans, solver="test")
+
+
+@pytest.mark.parametrize("how", ["fresh", "warm", "backward outside", "cache off"])
+def test_a_save_set_replays_under_autocast_as_the_model_runs(profiled: tuple, how: str
+                                                             ) -> None:
+    """A save set caches its nodes' ops for the replay and matches the replay's ops to
+    forward's by op and count. Autocast dispatches no cast of a parameter that its cache
+    holds, so forward and the replay need not dispatch the same casts: from an empty cache
+    forward casts each weight and the replay (same block) finds them cached; from a warm
+    cache (the block's second step) forward finds them; with backward after the block each
+    replay enters an autocast of its own with an empty cache. Each of these once handed the
+    replay the wrong saved tensor (an error, or wrong values where shapes agree). The
+    reference is the unmodified model's step under the same autocast."""
+    model, inputs, g = profiled
+    schedule = _saving_blocks(g)
     assert sum(len(r.save) for r in schedule.recompute_regions) >= 4
     from examples.gpt import build
 
+    fresh = build(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64, batch=2,
+                  seed=0)[0]
+    kw: dict = {"cache off": {"cache_enabled": False},
+                "backward outside": {"backward_inside": False}}.get(how, {})
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=how != "cache off"):
+        module = scheduler.apply(model, schedule, inputs)  # (traced in the autocast it runs)
+    if how == "warm":
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _step(module, inputs)  # (the block's first step fills the cache)
+            got = _step(module, inputs, fresh=False)
+            _step(fresh, inputs)
+            want = _step(fresh, inputs, fresh=False)
+    else:
+        got, want = _step(module, inputs, **kw), _step(fresh, inputs, **kw)
+    _same(got, want)
+
+
+def test_a_save_set_under_autocast_is_kept_and_fits_its_prediction(profiled: tuple
+                                                                     ) -> None:
+    """A solver's save sets on a graph profiled under autocast are kept (`finish` once dropped
+    them), and a schedule that saves every allocating node of each block measures (by the
+    tensors' count, from an empty cache) within its simulated peak."""
+    model, inputs, g = profiled
+    assert g.meta["autocast"] == [["cpu", "bfloat16"]]
+    schedule = _saving_blocks(g)
+    # (finish once dropped the save sets of a graph profiled under autocast)
+    kept = finish(g, 1 << 62, schedule, solver="test", started=0.0).schedule
+    assert [(r.nodes, r.save) for r in kept.regions] == [
+        (r.nodes, r.save) for r in schedule.regions]
+    assert "save_sets_dropped" not in kept.meta
+    predicted = simulate(g, schedule).peak_bytes
     with torch.autocast("cpu", dtype=torch.bfloat16):
         module = scheduler.apply(model, schedule, inputs)
-        with pytest.raises(RuntimeError, match="save set cannot run under torch.autocast"):
-            _step(module, inputs)
-    assert g.meta["autocast"] == [["cpu", "bfloat16"]]
-    for solver in ("dp", "greedy", "every_block"):
-        result = get_solver(solver)(g, 1 << 62)
-        assert not any(r.save for r in result.schedule.recompute_regions), solver
-    # (the solver's own result, before `finish`, had save sets: what was dropped is said)
-    dropped = finish(g, 1 << 62, schedule, solver="test", started=0.0).schedule
-    assert dropped.meta["save_sets_dropped"] == "autocast"
-    assert [r.nodes for r in dropped.regions] == [r.nodes for r in schedule.regions]
+        m = scheduler.measure(module, inputs, repeats=1, allocator=False)
+    assert m.peak_bytes <= predicted
+
+
+def test_an_infeasible_budget_under_autocast_names_the_cache_and_the_way_out(
+        profiled: tuple) -> None:
+    """Below what the cached casts leave room for, the error says how many bytes the cache
+    holds (the model's own Linear parameters' bf16 casts) and names ``cache_enabled=False``;
+    without autocast it says nothing of it."""
+    model, inputs, g = profiled
+    with pytest.raises(scheduler.InfeasibleBudgetError) as caught:
+        scheduler.solve_graph(g, g.base_bytes // 2, time_limit_s=5)
+    message = str(caught.value)
+    held = format_bytes(cast_bytes(model))
+    assert f"{held} are the casts of parameters" in message
+    assert "cache_enabled=False" in message
+    plain = scheduler.profile(model, inputs, mode="fake", repeats=1)
+    with pytest.raises(scheduler.InfeasibleBudgetError) as caught:
+        scheduler.solve_graph(plain, plain.base_bytes // 2, time_limit_s=5)
+    assert "cache_enabled" not in str(caught.value)
+
+
+def test_autocast_with_its_cache_off_is_another_signature(profiled: tuple) -> None:
+    """A plan solved with autocast's cache on and run with it off (or the other way round)
+    runs at a memory it was not solved for (the casts freed by checkpoints, or held all
+    step): the call is traced again for it, with a warning that names the cache."""
+    model, inputs, g = profiled
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        module = scheduler.apply(model, dropped, inputs)
-        got = _step(module, inputs)
-        fresh = build(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64, batch=2,
-                      seed=0)[0]
-        want = _step(fresh, inputs)
-    assert torch.equal(got[0], want[0])
-    assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+        module = scheduler.apply(model, _saving_blocks(g), inputs)
+    with pytest.warns(RuntimeWarning, match=r"autocast .*'cache', 'off'"):
+        got = _step(module, inputs, cache_enabled=False)
+    assert module.forward.traces == 2
+    from examples.gpt import build
+
+    fresh = build(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64, batch=2,
+                  seed=0)[0]
+    _same(got, _step(fresh, inputs, cache_enabled=False))
