@@ -177,7 +177,8 @@ class UnitForward:
             batch, a compiled step: `variants`); a call runs the regions of the first run
             whose ops its trace has, the profiled one first.
         planned_steps, fallback_steps: training calls that ran the regions, and that ran
-            the unit's own forward instead.
+            the unit's own forward instead; inside compiled code too (a tensor the graph adds
+            to at each run: the count stays true under ``torch.compile``).
         on_fallback: ``"warn"`` or ``"raise"``.
         trial: while True, a call whose step cannot be traced runs the unit's own forward
             and keeps no record of it (no warning, no count, traced again at the next).
@@ -200,13 +201,34 @@ class UnitForward:
         self._untraced: dict[Any, int] = {}  # per key: unplanned calls for want of a trace
         self._warned: set[str] = set()
         self._once = once if once is not None else set()  # shared by the plan's units
-        self.planned_steps = self.fallback_steps = 0
+        self._planned = self._fallen = 0  # eager calls; calls inside compiled code in:
+        self._counted = torch.zeros(2, dtype=torch.int64)
         self.on_fallback = check_on_fallback(on_fallback)
         self.trial = False  # (`step.warm_up`'s compiled-call pass: a step not traced is dropped)
 
     def __getstate__(self) -> dict[str, Any]:  # (traces do not copy or pickle)
         return {**vars(self), "_steps": {}, "_generic": {}, "_warned": set(), "_where": {},
                 "_untraced": {}}
+
+    @property
+    def planned_steps(self) -> int:
+        """Training calls that ran the unit's regions, eagerly or inside compiled code."""
+        return self._planned + int(self._counted[0])
+
+    @planned_steps.setter
+    def planned_steps(self, n: int) -> None:
+        self._planned = n
+        self._counted[0] = 0
+
+    @property
+    def fallback_steps(self) -> int:
+        """Training calls that ran the unit's own forward instead, eagerly or compiled."""
+        return self._fallen + int(self._counted[1])
+
+    @fallback_steps.setter
+    def fallback_steps(self, n: int) -> None:
+        self._fallen = n
+        self._counted[1] = 0
 
     @property
     def traces(self) -> int:
@@ -259,8 +281,10 @@ class UnitForward:
                     if self._generic.get(base, False) is None:
                         del self._generic[base]
             return self.own(*args, **kwargs)
-        if not torch.compiler.is_compiling():
-            self.planned_steps += 1
+        if torch.compiler.is_compiling():
+            self._counted[0].add_(1)  # (a tensor: in the graph, counted at every run of it)
+        else:
+            self._planned += 1
         if collector is None:
             return step(tensors)
         out, extra = step(tensors)
@@ -355,8 +379,10 @@ class UnitForward:
             return f"the unit's regions do not run at this call ({first_line(e)})"
 
     def _fall_back(self, why: str) -> None:
-        if not torch.compiler.is_compiling():
-            self.fallback_steps += 1
+        if torch.compiler.is_compiling():
+            self._counted[1].add_(1)
+        else:
+            self._fallen += 1
         n = self.fallback_steps
         message = (f"unit {self.path!r} runs its own forward, not the checkpointed plan: "
                    f"{why}. It computes the same values, but its memory is not what the plan "
