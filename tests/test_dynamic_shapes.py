@@ -233,3 +233,45 @@ def test_the_compiled_call_warm_up_leaves_no_trace_of_a_failure() -> None:
         f.trial = False
     with pytest.raises(scheduler.PlanFallbackError, match="a trace that fails"):
         plan.module(x)
+
+
+@pytest.mark.slow  # (a solve with its padded variant, and inductor compiles: minutes)
+def test_whole_model_compile_runs_the_plan_within_its_budget() -> None:
+    """``torch.compile(plan.module)`` with defaults (inductor) of a Hugging Face Llama solved
+    with defaults on an unpadded batch: every unit call planned (the runtime's count, true
+    inside compiled code), none unplanned, one graph and no break, also for a padded batch;
+    the compiled step's peak, measured from the allocator's events, within the budget; the
+    loss the compiled unplanned model's and its gradients within what compiling changes."""
+    from scheduler.measurement.compiled import compiled_peak
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=4, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=256)
+    model = transformers.LlamaForCausalLM(cfg).train()
+    params = list(model.parameters())
+    batch = llama_batch(128)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = scheduler.solve(model, batch, budget="60%", repeats=1)
+    units = units_plan(plan.module)
+    assert units is not None and units.forwards
+    planned = torch.compile(plan.module)
+    got = grads(planned, params, **batch)
+    mask = torch.ones(2, 128, dtype=torch.long)
+    mask[1, 100:] = 0
+    padded = {**batch, "attention_mask": mask}
+    for _ in range(3):
+        grads(planned, params, **padded)
+    assert units.planned_calls == 4 * len(units.forwards) and units.fallback_calls == 0
+    assert counters["stats"]["unique_graphs"] <= 2 and not counters["graph_break"]
+    peak = compiled_peak(planned, batch)
+    assert peak <= plan.budget_bytes, (peak, plan.budget_bytes)
+    dynamo.reset()
+    ref, ref_c = grads(model, params, **batch), grads(torch.compile(model), params, **batch)
+    eps = torch.finfo(torch.float32).eps
+    torch.testing.assert_close(got[0], ref_c[0], rtol=0, atol=0)
+    for g, r, rc in zip(got[1], ref[1], ref_c[1]):
+        bound = max((rc - r).abs().max().item(), 4 * eps * r.abs().max().item())
+        assert (g - rc).abs().max().item() <= bound
