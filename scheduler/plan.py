@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -36,6 +38,7 @@ from .plan_result import Plan
 from .reapply import apply
 from .rewrite import check_on_fallback
 from .solvers.base import INFEASIBLE, SolveResult, get_solver
+from .solvers.deadline import within
 from .solvers.stash import solve_with_rng_stash
 from .step_checks import INPUT_SHAPES, input_shapes, own_peak
 from .units import profile_units, warm_up
@@ -58,8 +61,11 @@ def solve_graph(graph: CostGraph | str | Path, budget: int | float | str, *,
         budget: see `parse_budget`; fractions refer to ``simulate(graph, Schedule.none(graph))``.
         solver: a registered solver name (`scheduler.solvers.available`), e.g. ``"auto"``,
             ``"dp"``, ``"greedy"``, ``"uniform:4"``.
-        time_limit_s: passed to the solver (the baselines ignore it); what it leaves goes to
-            certifying its result (`solvers.certify.certify`). A finite number of seconds > 0,
+        time_limit_s: the seconds this call may take to solve: the solver (the baselines
+            ignore it), certifying its result (`solvers.certify.certify`) and the solves
+            again with more room for the RNG state that checkpoints stash
+            (`solvers.stash`) all keep to one deadline (`solvers.deadline`), so the call
+            returns within it and a fraction of a second. A finite number of seconds > 0,
             or None for no limit (`units.check_time_limit`).
         headroom: fraction of the budget held back for error in the cost model: the solver gets
             ``budget * (1 - headroom)``. In [0, 1); default 0, because the budget given here
@@ -152,8 +158,16 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
             ``6 * 2**30``, ``0.6`` or ``"60%"`` of the unconstrained predicted peak.
         loss_fn: ``loss_fn(output) -> scalar``; default `trace.default_loss_recipe`.
         solver: a registered solver name; ``"auto"`` picks the exact one for the graph.
-        time_limit_s: the solver's time limit: a finite number of seconds > 0, or None for no
-            limit (`units.check_time_limit`).
+        time_limit_s: the seconds the call may spend solving: every solve it runs to reach
+            the schedule (`solve_graph`'s, and with ``measure_compiled`` its solve again at
+            the least feasible budget) keeps to one deadline, so the solve phase ends within
+            it and a fraction of a second. Profiling before it and applying the plan after
+            it are not counted: checking the model's own checkpointing, building
+            ``plan.module`` and tracing its units, and with ``measure_compiled`` the compiled
+            fit (its compiles, measurements and solves at other targets, each within the
+            limit). ``plan.phases_s`` has each phase's seconds, ``plan.solve_s`` the solve
+            phase's. A finite number of seconds > 0, or None for no limit
+            (`units.check_time_limit`).
         headroom: fraction of the budget held back for cost-model error (see `solve_graph`);
             default 0: the budget is the peak asked for. Pass 0.1 to keep 10% in reserve.
         repeats: timed profile steps (medians are kept).
@@ -230,6 +244,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     check_profile_options(mode, times, device_spec)
     parse_parallel(parallel, *process_group())  # (fail now, not after profiling)
     say = progress or (lambda _msg: None)
+    phases: dict[str, float] = {}
+    started = time.perf_counter()
     gm, graph, inputs, choice = profile_units(
         model, example_inputs, units, loss_fn=loss_fn, repeats=repeats, progress=say,
         mode=mode, times=times, device=device, device_spec=device_spec,
@@ -243,18 +259,21 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     fit_here = (execution == "compiled" and measure_compiled and runs_here
                 and not process_group()[0])
     say(f"solving with {solver}")
-    try:
-        result = solve_graph(graph, budget, solver=solver, time_limit_s=time_limit_s,
-                             headroom=headroom, execution=execution, measured=fit_here)
-    except InfeasibleBudgetError as e:
-        if not fit_here or e.min_feasible_bytes is None:
-            raise
-        # compiled, the plan at the least feasible budget may measure within this one
-        say(f"no plan's predicted peak fits; compiling the plan at "
-            f"{format_bytes(e.min_feasible_bytes)}")
-        result = solve_graph(graph, e.min_feasible_bytes, solver=solver,
-                             time_limit_s=time_limit_s, headroom=headroom, execution=execution,
-                             measured=True)
+    phases["profile"] = time.perf_counter() - started
+    with _phase(phases, "solve"), within(time_limit_s):  # (one deadline for both solves)
+        try:
+            result = solve_graph(graph, budget, solver=solver, time_limit_s=time_limit_s,
+                                 headroom=headroom, execution=execution, measured=fit_here)
+        except InfeasibleBudgetError as e:
+            if not fit_here or e.min_feasible_bytes is None:
+                raise
+            # compiled, the plan at the least feasible budget may measure within this one
+            say(f"no plan's predicted peak fits; compiling the plan at "
+                f"{format_bytes(e.min_feasible_bytes)}")
+            result = solve_graph(graph, e.min_feasible_bytes, solver=solver,
+                                 time_limit_s=time_limit_s, headroom=headroom,
+                                 execution=execution, measured=True)
+    applying = time.perf_counter()
     assert result.schedule is not None and result.estimate is not None, result
     schedule = same_schedule(result.schedule, graph=graph)  # rank 0's, under torch.distributed
     if schedule is not result.schedule:
@@ -292,9 +311,20 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
         warn_unmeasured(graph)
         module = build(result)
     watch_eager_run(module, result.schedule)
+    phases["apply"] = time.perf_counter() - applying
     return Plan(module=module, units=choice,
                 schedule=result.schedule,
                 estimate=result.estimate, status=result.status, gap=result.gap,
-                solve_s=result.solve_s, graph=graph, result=result,
+                solve_s=phases["solve"], phases_s=phases, graph=graph, result=result,
                 budget_bytes=budget_bytes, unconstrained_peak_bytes=unconstrained,
                 own_peak_bytes=own, compiled_peak_bytes=result.schedule.meta.get(COMPILED_PEAK))
+
+
+@contextmanager
+def _phase(phases: dict[str, float], name: str) -> Iterator[None]:
+    """Adds the seconds the block takes to ``phases[name]``, also where it raises."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - started
