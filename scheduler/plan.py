@@ -124,9 +124,9 @@ def solve_graph(graph: CostGraph | str | Path, budget: int | float | str, *,
         time_limit_s: the seconds this call may take to solve: the solver (the baselines
             ignore it), certifying its result (`solvers.certify.certify`) and the solves
             again with more room for the RNG state that checkpoints stash
-            (`solvers.stash`) all keep to one deadline (`solvers.deadline`), so the call
-            returns within it and a fraction of a second. A finite number of seconds > 0,
-            or None for no limit (`units.check_time_limit`).
+            (`solvers.stash`) all keep to one deadline, so the call returns within it and
+            what runs past it (bounded and small: `solvers.deadline`). A finite number of
+            seconds > 0, or None for no limit (`units.check_time_limit`).
         headroom: fraction of the budget held back for error in the cost model: the solver gets
             ``budget * (1 - headroom)``. In [0, 1); default 0, because the budget given here
             is the step's peak the caller asks for (`advise` and `max_batch`, which start
@@ -221,13 +221,13 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
         time_limit_s: the seconds the call may spend solving: every solve it runs to reach
             the schedule (`solve_graph`'s, and with ``measure_compiled`` its solve again at
             the least feasible budget) keeps to one deadline, so the solve phase ends within
-            it and a fraction of a second. Profiling before it and applying the plan after
-            it are not counted: checking the model's own checkpointing, building
-            ``plan.module`` and tracing its units, and with ``measure_compiled`` the compiled
-            fit (its compiles, measurements and solves at other targets, each within the
-            limit). ``plan.phases_s`` has each phase's seconds, ``plan.solve_s`` the solve
-            phase's. A finite number of seconds > 0, or None for no limit
-            (`units.check_time_limit`).
+            it and what runs past it (bounded and small: `solvers.deadline`). Profiling
+            before it and applying the plan after it are not counted: checking the model's
+            own checkpointing, building ``plan.module`` and tracing its units, and with
+            ``measure_compiled`` the compiled fit (its compiles, measurements and solves at
+            other targets, each within the limit). ``plan.phases_s`` has each phase's
+            seconds, ``plan.solve_s`` the solve phase's. A finite number of seconds > 0, or
+            None for no limit (`units.check_time_limit`).
         headroom: fraction of the budget held back for cost-model error (see `solve_graph`);
             default 0: the budget is the peak asked for. Pass 0.1 to keep 10% in reserve.
         repeats: timed profile steps (medians are kept).

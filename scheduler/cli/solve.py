@@ -73,7 +73,8 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--time-limit", type=time_limit, default=30.0, metavar="SECONDS",
-        help="the solver's time limit in seconds (default: 30)",
+        help="seconds for solving (every solve to the schedule; not profiling or applying "
+        "the plan; default: 30)",
     )
     parser.add_argument(
         "--headroom", type=float, default=0.0, metavar="FRACTION",

@@ -94,7 +94,7 @@ def _solve_with_rng_stash(costs: CostGraph, target: int, solver: str,
         f"its checkpoints keep ({format_bytes(stash)}) exceeds the budget "
         f"{format_bytes(target)} by {format_bytes(over)}: no schedule with room for both was "
         f"found; give a budget {format_bytes(over)} higher to be sure it holds by the "
-        f"allocator's count", RuntimeWarning, stacklevel=3)
+        f"allocator's count", RuntimeWarning, stacklevel=4)
     return result
 
 
