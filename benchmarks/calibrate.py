@@ -133,7 +133,8 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         for name, opts in profiles:
             say(f"{label}: profiling ({name})")
             try:
-                graphs[name] = scheduler.profile(model, inputs, repeats=args.repeats, **opts)
+                graphs[name] = scheduler.profile(model, inputs, repeats=args.repeats,
+                                                 units=None, **opts)
             except scheduler.FakeProfileError as e:  # e.g. a graph that depends on the batch
                 failed[name] = str(e).split(";")[0]
         ex = {"label": label, "graphs": graphs, "failed": failed, "plans": []}

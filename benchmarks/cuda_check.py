@@ -170,13 +170,14 @@ def check_model(name: str, build: Callable[[], Any], args: argparse.Namespace, d
     t0 = time.perf_counter()
     model, inputs = build()
     fake = scheduler.profile(model, inputs, mode="fake", device="cuda", times=args.times,
-                             device_spec=spec)
+                             device_spec=spec, units=None)
     fake_s = time.perf_counter() - t0
     model = model.to(device)
     dinputs = to_device(inputs, device)
-    fake_on = scheduler.profile(model, dinputs, mode="fake", times=args.times, device_spec=spec)
+    fake_on = scheduler.profile(model, dinputs, mode="fake", times=args.times, device_spec=spec,
+                                units=None)
     t1 = time.perf_counter()
-    real = scheduler.profile(model, dinputs, mode="real")
+    real = scheduler.profile(model, dinputs, mode="real", units=None)
     real_s = time.perf_counter() - t1
     none_real = scheduler.simulate(real, scheduler.Schedule.none(real)).peak_bytes
     for label, g in (("fake, model on cpu", fake), ("fake, model on cuda", fake_on)):

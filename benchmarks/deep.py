@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             table.add_column(col, justify="left" if col == "model" else "right")
         for name, (model, inputs) in _floor_models():
             g = scheduler.profile(model, inputs, mode="fake", times="roofline",
-                                  device_spec="cpu")
+                                  device_spec="cpu", units=None)
             peak = simulate(g, Schedule.none(g), timeline=False).peak_bytes
             fine = len(g.compute_nodes) <= FINE_NODES
             one = floor_bytes(table_of(g, fine=fine))
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     for depth in depths:
         for name, (model, inputs) in _models(depth):
             g = scheduler.profile(model, inputs, mode="fake", times="roofline",
-                                  device_spec="cpu")
+                                  device_spec="cpu", units=None)
             peak = simulate(g, Schedule.none(g), timeline=False).peak_bytes
             t0 = time.perf_counter()
             floor = floor_bytes(table_of(g, fine=len(g.compute_nodes) <= FINE_NODES))

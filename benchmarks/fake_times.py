@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             say(f"{label}: profiling ({kind})")
             t0 = time.perf_counter()
             try:
-                graphs[kind] = scheduler.profile(model, inputs, repeats=args.repeats, **opts)
+                graphs[kind] = scheduler.profile(model, inputs, repeats=args.repeats,
+                                                 units=None, **opts)
             except scheduler.FakeProfileError as e:  # e.g. a graph that depends on the batch
                 say(f"  {e}")
                 failed[label, kind] = str(e).split(";")[0]

@@ -104,7 +104,7 @@ def bench(name: str, *, size: str, repeats: int) -> tuple[list[dict[str, Any]], 
     mod = importlib.import_module(f"examples.{name}")
     model, inputs = mod.build(**(SMALL[name] if size == "small" else {}))
     t0 = time.perf_counter()
-    graph = scheduler.profile(model, inputs, repeats=repeats)
+    graph = scheduler.profile(model, inputs, repeats=repeats, units=None)
     profile_s = time.perf_counter() - t0
     un = unscheduled(graph)
     schedules, cases = {}, {}

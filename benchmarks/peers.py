@@ -206,7 +206,7 @@ def race(key: str, *, quick: bool, compile_budgets: tuple[float, ...], rounds: i
     model = model.to(device)
     inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
     say(f"{label}: profiling")
-    graph = scheduler.profile(model, inputs, repeats=3)
+    graph = scheduler.profile(model, inputs, repeats=3, units=None)
     unscheduled = simulate(graph, Schedule.none(graph), timeline=False)
 
     compiled_graph = compiled_costs(graph)

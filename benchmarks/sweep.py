@@ -152,7 +152,7 @@ def sweep_model(name: str, build: Callable[[], Any], *, budgets: tuple[str, ...]
         except Exception as e:  # noqa: BLE001 - a row, not a crash of the sweep
             return [Row(name, "-", verdict=f"FAIL: building it raised {_short(e)}")]
         try:
-            graph = scheduler.profile(model, inputs, repeats=1)
+            graph = scheduler.profile(model, inputs, repeats=1, units=None)
         except Exception as e:  # noqa: BLE001
             return [Row(name, "-", tracer=f"failed: {_short(e, 100)}",
                         verdict=f"FAIL: tracing/profiling raised {_short(e)}")]

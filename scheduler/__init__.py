@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .budget import InfeasibleBudgetError, parse_budget
     from .capture.fake import FakeProfileError, RejectedInputsError
-    from .capture.profile import profile
     from .capture.roofline import DeviceSpec
     from .capture.trace import TraceError, trace
     from .cost.estimate import Estimate
@@ -22,7 +21,7 @@ if TYPE_CHECKING:
     from .ir.schedule import Region, Schedule, ScheduleError
     from .measurement.breakdown import StepBreakdown, measure_training_step
     from .measurement.step import Measurement, measure
-    from .plan import Plan, apply, solve, solve_graph
+    from .plan import Plan, apply, profile, solve, solve_graph
     from .rewrite import PlanFallbackError, PlanForward, planned
     from .workflows.advice import Advice
     from .workflows.advise import advise
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
 _SOURCES = {
     ".budget": ("InfeasibleBudgetError", "parse_budget"),
     ".capture.fake": ("FakeProfileError", "RejectedInputsError"),
-    ".capture.profile": ("profile",),
     ".capture.roofline": ("DeviceSpec",),
     ".capture.trace": ("TraceError", "trace"),
     ".cost.estimate": ("Estimate",),
@@ -44,7 +42,7 @@ _SOURCES = {
     ".ir.schedule": ("Schedule",),
     ".measurement.breakdown": ("StepBreakdown", "measure_training_step"),
     ".measurement.step": ("Measurement", "measure"),
-    ".plan": ("Plan", "apply", "solve", "solve_graph"),
+    ".plan": ("Plan", "apply", "profile", "solve", "solve_graph"),
     ".rewrite": ("PlanFallbackError", "PlanForward", "planned"),
     ".workflows.advice": ("Advice",),
     ".workflows.advise": ("advise",),

@@ -1,16 +1,20 @@
-"""The public entry points that tie the pipeline together: `solve`, `solve_graph`, `apply`.
+"""The public entry points that tie the pipeline together: `profile`, `solve`, `solve_graph`,
+`apply`.
 
 ``solve`` traces and profiles a model once, solves for a schedule under a budget and rewrites
-the model into a `Plan`; ``solve_graph`` is the torch-free middle step on a `CostGraph`;
-``apply`` (`reapply`) re-applies a saved schedule without solving.
+the model into a `Plan`; ``profile`` is its first step alone, the `CostGraph` to save and
+solve later; ``solve_graph`` is the torch-free middle step on a `CostGraph`; ``apply``
+(`reapply`) re-applies a saved schedule without solving.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import numbers
+import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -37,6 +41,7 @@ from .plan_result import Plan
 from .reapply import apply
 from .rewrite import check_on_fallback
 from .solvers.base import INFEASIBLE, SolveResult, get_solver
+from .solvers.deadline import within
 from .solvers.stash import solve_with_rng_stash
 from .step_checks import INPUT_SHAPES, input_shapes, own_peak
 from .units import profile_units, warm_up
@@ -45,7 +50,65 @@ from .units.variants import VARIANTS, VariantWarning, variant_record
 from .units.apply import stamped, units_meta
 from .quantities import check_time_limit, format_bytes
 
-__all__ = ["INPUT_SHAPES", "Plan", "apply", "input_shapes", "solve", "solve_graph"]
+__all__ = ["INPUT_SHAPES", "Plan", "apply", "input_shapes", "profile", "solve", "solve_graph"]
+
+
+def profile(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *,
+            loss_fn: Callable[[Any], torch.Tensor] | None = None, repeats: int = 3,
+            name: str | None = None, progress: Callable[[str], None] | None = None,
+            mode: str = "auto", times: str | None = None,
+            device: str | torch.device | None = None, device_spec: Any = None,
+            small_inputs: Sequence[Any] | None = None, headroom: float = 0.1,
+            units: Any = "default", parallel: Any = None) -> CostGraph:
+    """Trace ``model`` and profile one forward + backward step into a `CostGraph`: the graph
+    `solve` would plan for with the same arguments, to save (``graph.save``) and solve later
+    (`solve_graph`, ``scheduler solve g.json``) without the model.
+
+    With units, the graph records them (``graph.units``): a schedule solved on it records
+    them too, and `apply` runs it inside the model's own ``forward``, in those units.
+
+    Args:
+        model: the model (not modified).
+        example_inputs: positional inputs with the shapes to plan for, or a mapping of
+            keyword inputs (a Hugging Face-style batch). Under ``mode="fake"`` an input may
+            also be a tensor on the ``meta`` device or a ``(shape, dtype)`` spec.
+        loss_fn: ``loss_fn(output) -> scalar``; default: `trace.default_loss_recipe`.
+        repeats: timed steps per measurement (medians are kept), after one warm-up.
+        name: the graph's name (default: the model's class name).
+        progress: called with a short message as each phase starts.
+        mode, times, device, device_spec, small_inputs, headroom: how the step is profiled
+            (`capture.profile.profile`): ``mode="auto"`` (default) records it under fake
+            tensors first and runs it for real only if its predicted peak fits the device's
+            free memory less ``headroom``; ``graph.meta["profile"]`` says which ran.
+        units: the submodules a plan takes over, as `solve`'s ``units``: ``"default"``
+            (``"auto"`` for a model that declares ``_no_split_modules``, such as a Hugging
+            Face model, whose step is then profiled as its own ``forward`` runs it, with
+            ``use_cache=False``; None for the rest), ``"auto"``, a module class, a glob of
+            module paths, a predicate ``(path, module) -> bool``, or None for one traced
+            graph of the whole step.
+        parallel: profile one rank of data-parallel training, as `solve`'s ``parallel``
+            (``"ddp"``, ``"fsdp2"``, ``"fsdp2:8"``): the graph is that rank's.
+
+    Returns:
+        The `CostGraph`: nodes in execution order with bytes, saved tensors and times;
+        ``units`` the units called once in the step (empty without units).
+
+    Raises:
+        TraceError: the model cannot be traced (see `trace`).
+        FakeProfileError: ``mode="fake"`` on a step fake tensors cannot run.
+        ValueError: a bad ``mode``, ``times``, ``device_spec``, ``headroom``, ``units`` or
+            ``parallel`` (the message names it).
+    """
+    check_profile_options(mode, times, device_spec, headroom)
+    parse_parallel(parallel, *process_group())  # (fail now, not after tracing)
+    say = progress or (lambda _msg: None)
+    _, graph, _, choice = profile_units(
+        model, example_inputs, units, loss_fn=loss_fn, repeats=repeats, name=name,
+        progress=say, mode=mode, times=times, device=device, device_spec=device_spec,
+        small_inputs=small_inputs, headroom=headroom, parallel=parallel)
+    if choice.paths:
+        say(f"units: {choice.why}")
+    return graph
 
 
 def _plan_variants(model: nn.Module, example_inputs: Any, graph: CostGraph, choice: Any,
@@ -91,9 +154,12 @@ def solve_graph(graph: CostGraph | str | Path, budget: int | float | str, *,
         budget: see `parse_budget`; fractions refer to ``simulate(graph, Schedule.none(graph))``.
         solver: a registered solver name (`scheduler.solvers.available`), e.g. ``"auto"``,
             ``"dp"``, ``"greedy"``, ``"uniform:4"``.
-        time_limit_s: passed to the solver (the baselines ignore it); what it leaves goes to
-            certifying its result (`solvers.certify.certify`). A finite number of seconds > 0,
-            or None for no limit (`units.check_time_limit`).
+        time_limit_s: the seconds this call may take to solve: the solver (the baselines
+            ignore it), certifying its result (`solvers.certify.certify`) and the solves
+            again with more room for the RNG state that checkpoints stash
+            (`solvers.stash`) all keep to one deadline, so the call returns within it and
+            what runs past it (bounded and small: `solvers.deadline`). A finite number of
+            seconds > 0, or None for no limit (`units.check_time_limit`).
         headroom: fraction of the budget held back for error in the cost model: the solver gets
             ``budget * (1 - headroom)``. In [0, 1); default 0, because the budget given here
             is the step's peak the caller asks for (`advise` and `max_batch`, which start
@@ -185,8 +251,17 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
             ``6 * 2**30``, ``0.6`` or ``"60%"`` of the unconstrained predicted peak.
         loss_fn: ``loss_fn(output) -> scalar``; default `trace.default_loss_recipe`.
         solver: a registered solver name; ``"auto"`` picks the exact one for the graph.
-        time_limit_s: the solver's time limit: a finite number of seconds > 0, or None for no
-            limit (`units.check_time_limit`).
+        time_limit_s: the seconds the call may spend solving: every solve it runs to reach
+            the schedule (`solve_graph`'s, and with ``measure_compiled`` its solve again at
+            the least feasible budget) keeps to one deadline, so the solve phase ends within
+            it and what runs past it (bounded and small: `solvers.deadline`). Profiling
+            before it and applying the plan after it are not counted: checking the model's
+            own checkpointing, building ``plan.module`` and tracing its units, and with
+            ``measure_compiled`` the compiled fit (its compiles, measurements and solves at
+            other targets, each within the limit), nor the step's call variants (with units:
+            each profiled, and solved within the limit). ``plan.phases_s`` has each phase's
+            seconds, ``plan.solve_s`` the solve phase's. A finite number of seconds > 0, or
+            None for no limit (`units.check_time_limit`).
         headroom: fraction of the budget held back for cost-model error (see `solve_graph`);
             default 0: the budget is the peak asked for. Pass 0.1 to keep 10% in reserve.
         repeats: timed profile steps (medians are kept).
@@ -265,6 +340,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     check_profile_options(mode, times, device_spec)
     parse_parallel(parallel, *process_group())  # (fail now, not after profiling)
     say = progress or (lambda _msg: None)
+    phases: dict[str, float] = {}
+    started = time.perf_counter()
     gm, graph, inputs, choice = profile_units(
         model, example_inputs, units, loss_fn=loss_fn, repeats=repeats, progress=say,
         mode=mode, times=times, device=device, device_spec=device_spec,
@@ -278,30 +355,35 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     fit_here = (execution == "compiled" and measure_compiled and runs_here
                 and not process_group()[0])
     say(f"solving with {solver}")
-    try:
-        result = solve_graph(graph, budget, solver=solver, time_limit_s=time_limit_s,
-                             headroom=headroom, execution=execution, measured=fit_here)
-    except InfeasibleBudgetError as e:
-        if not fit_here or e.min_feasible_bytes is None:
-            raise
-        # compiled, the plan at the least feasible budget may measure within this one
-        say(f"no plan's predicted peak fits; compiling the plan at "
-            f"{format_bytes(e.min_feasible_bytes)}")
-        result = solve_graph(graph, e.min_feasible_bytes, solver=solver,
-                             time_limit_s=time_limit_s, headroom=headroom, execution=execution,
-                             measured=True)
+    phases["profile"] = time.perf_counter() - started
+    with _phase(phases, "solve"), within(time_limit_s):  # (one deadline for both solves)
+        try:
+            result = solve_graph(graph, budget, solver=solver, time_limit_s=time_limit_s,
+                                 headroom=headroom, execution=execution, measured=fit_here)
+        except InfeasibleBudgetError as e:
+            if not fit_here or e.min_feasible_bytes is None:
+                raise
+            # compiled, the plan at the least feasible budget may measure within this one
+            say(f"no plan's predicted peak fits; compiling the plan at "
+                f"{format_bytes(e.min_feasible_bytes)}")
+            result = solve_graph(graph, e.min_feasible_bytes, solver=solver,
+                                 time_limit_s=time_limit_s, headroom=headroom,
+                                 execution=execution, measured=True)
+    applying = time.perf_counter()
     assert result.schedule is not None and result.estimate is not None, result
     schedule = same_schedule(result.schedule, graph=graph)  # rank 0's, under torch.distributed
     if schedule is not result.schedule:
         result = dataclasses.replace(result, schedule=schedule,
                                      estimate=simulate(costs_for(graph, execution), schedule),
                                      status=schedule.status, gap=schedule.gap)
-    variants = _plan_variants(
-        model, example_inputs, graph, choice, budget_bytes, say,
-        dict(loss_fn=loss_fn, repeats=repeats, mode=mode, times=times, device=device,
-             device_spec=device_spec, small_inputs=small_inputs, parallel=parallel),
-        dict(solver=solver, time_limit_s=time_limit_s, headroom=headroom,
-             execution=execution)) if choice.paths else []
+    with _phase(phases, "variants"):  # (the step's call variants: profiled and solved)
+        variants = _plan_variants(
+            model, example_inputs, graph, choice, budget_bytes, say,
+            dict(loss_fn=loss_fn, repeats=repeats, mode=mode, times=times, device=device,
+                 device_spec=device_spec, small_inputs=small_inputs, parallel=parallel),
+            dict(solver=solver, time_limit_s=time_limit_s, headroom=headroom,
+                 execution=execution)) if choice.paths else []
+    applying = time.perf_counter()
 
     def stamp(s: Schedule) -> Schedule:
         s = stamped(s, gm, choice)
@@ -338,9 +420,20 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
         warn_unmeasured(graph)
         module = build(result)
     watch_eager_run(module, result.schedule)
+    phases["apply"] = time.perf_counter() - applying
     return Plan(module=module, units=choice,
                 schedule=result.schedule,
                 estimate=result.estimate, status=result.status, gap=result.gap,
-                solve_s=result.solve_s, graph=graph, result=result,
+                solve_s=phases["solve"], phases_s=phases, graph=graph, result=result,
                 budget_bytes=budget_bytes, unconstrained_peak_bytes=unconstrained,
                 own_peak_bytes=own, compiled_peak_bytes=result.schedule.meta.get(COMPILED_PEAK))
+
+
+@contextmanager
+def _phase(phases: dict[str, float], name: str) -> Iterator[None]:
+    """Adds the seconds the block takes to ``phases[name]``, also where it raises."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - started

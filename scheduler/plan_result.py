@@ -33,7 +33,8 @@ class Plan:
             own space, ``schedule.meta["space"]``).
         gap: proven relative gap to the full space's lower bound, or None where the solver
             has no bound (the baselines).
-        solve_s: seconds the solver ran.
+        solve_s: seconds the solve phase took (``phases_s["solve"]``: what `solve`'s
+            ``time_limit_s`` holds).
         graph: the profiled `CostGraph`.
         result: the solver's full `SolveResult`.
         budget_bytes: the budget asked for, in bytes (``result.budget_bytes`` is what the
@@ -46,6 +47,12 @@ class Plan:
             the whole step is one traced graph).
         compiled_peak_bytes: for a plan solved for compiled execution and measured
             (``measure_compiled``), the peak of ``torch.compile(module)``'s step; else None.
+        phases_s: seconds of each phase of `solve`: ``"profile"`` (tracing and profiling
+            the step), ``"solve"`` (every solve to the schedule, within ``time_limit_s``),
+            ``"variants"`` (with units: the step's call variants profiled and solved, each
+            solve within ``time_limit_s``: `units.variants`) and ``"apply"`` (the rest:
+            checking the model's own checkpointing, building ``module``, tracing its units,
+            and with ``measure_compiled`` the compiled fit).
     """
 
     module: nn.Module
@@ -61,6 +68,7 @@ class Plan:
     own_peak_bytes: int | None = None
     units: UnitChoice = field(default=UnitChoice((), ""))
     compiled_peak_bytes: int | None = None
+    phases_s: dict[str, float] = field(default_factory=dict)
 
     def save(self, path: str | Path) -> None:
         """Write the schedule as JSON, to re-apply later with `scheduler.apply`."""

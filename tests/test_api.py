@@ -84,7 +84,7 @@ def graphs(build_example: Build) -> Callable[[str], CostGraph]:
     def get(name: str) -> CostGraph:
         if name not in cache:
             model, inputs = build_example(name)
-            cache[name] = scheduler.profile(model, inputs, repeats=1)
+            cache[name] = scheduler.profile(model, inputs, repeats=1, units=None)
         return cache[name]
 
     return get
@@ -172,7 +172,7 @@ def test_apply_with_the_loss_it_was_solved_for(build_example: Build) -> None:
 
     model, inputs = build_example("mlp")
     ref_model, _ = build_example("mlp")
-    g = scheduler.profile(model, inputs, loss_fn=loss_fn, repeats=1)
+    g = scheduler.profile(model, inputs, loss_fn=loss_fn, repeats=1, units=None)
     module = apply(model, _blocks_recomputed(g), inputs, loss_fn=loss_fn)
     assert module.forward.loss_fn is loss_fn
     _assert_same_step(module, ref_model, inputs, loss_fn)

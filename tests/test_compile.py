@@ -224,7 +224,7 @@ def test_save_set_reaches_the_compiled_graph(gpt_plan: Any) -> None:
     """A save set (every c_fc/c_attn Linear in the recompute regions) is what the compiled
     graph's partitioner sees as MUST_SAVE; without one nothing is."""
     model, inputs, plan = gpt_plan
-    graph = scheduler.profile(model, inputs, repeats=1)
+    graph = scheduler.profile(model, inputs, repeats=1, units=None)
     spans, at = [], 0
     for r in plan.schedule.regions:
         save = [n for n in r.nodes if r.recompute and ("c_fc" in n or "c_attn" in n)]
@@ -318,7 +318,7 @@ def test_batchnorm_statistics_update_once_per_step_compiled(save: bool) -> None:
     x = torch.randn(4, 3, 8, 8)
     ref, model = ConvNet().train(), ConvNet().train()
     model.load_state_dict(ref.state_dict())
-    graph = scheduler.profile(model, (x,), repeats=1)
+    graph = scheduler.profile(model, (x,), repeats=1, units=None)
     n = len(graph.compute_nodes)
     saved = [graph.compute_nodes[0], graph.compute_nodes[3]] if save else []  # the convs
     schedule = Schedule.from_regions(graph, [(0, 6, RECOMPUTE, saved), (6, n, KEEP)])

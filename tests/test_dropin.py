@@ -247,7 +247,7 @@ def solved_under_autocast(build: Callable[[], nn.Module]) -> dict[str, Any]:
     inputs = {"input_ids": x, "labels": x} if build is gpt2 else (x,)
     model = build()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        graph = scheduler.profile(model, inputs, repeats=1, mode="real")
+        graph = scheduler.profile(model, inputs, repeats=1, mode="real", units=None)
         top = scheduler.simulate(graph, scheduler.Schedule.none(graph)).peak_bytes
         with pytest.raises(scheduler.InfeasibleBudgetError) as least:
             scheduler.solve_graph(graph, 0.01, solver="greedy")

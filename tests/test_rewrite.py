@@ -196,7 +196,7 @@ class _Cases:
             ref = run_step(ref_model, ref_inputs)
             model, inputs = self.build(name)
             initial = [b.detach().clone() for b in model.buffers()]
-            graph = scheduler.profile(model, inputs, repeats=1)
+            graph = scheduler.profile(model, inputs, repeats=1, units=None)
             self.cases[name] = Case(name, model, inputs, graph, trace(model, inputs), ref,
                                     initial)
         return self.cases[name]
@@ -393,7 +393,7 @@ def test_drop_in_with_own_parameters_and_buffers() -> None:
     ref_model, inputs = build()
     ref = run_step(ref_model, inputs)
     model, _ = build()
-    g = scheduler.profile(model, inputs, repeats=1)
+    g = scheduler.profile(model, inputs, repeats=1, units=None)
     n = len(g.compute_nodes)
     module = rewrite(trace(model, inputs),
                      Schedule.from_regions(g, [(0, n // 2, RECOMPUTE), (n // 2, n, RECOMPUTE)]),

@@ -336,3 +336,45 @@ def test_a_plan_keeps_no_parameter_it_was_traced_with(units: Any) -> None:
     assert [r for r in old if r() is not None] == []
     plan.module(**batch).loss.backward()
     assert all(p.grad is not None for p in plan.module.parameters())
+
+
+@pytest.mark.slow  # (profiles four times: about 15 s idle, 50 s on a loaded machine)
+def test_a_units_profile_from_python_saves_solves_and_applies_in_units(tmp_path: Any) -> None:
+    """`scheduler.profile(model, batch, units="auto")` of a stock Hugging Face config (its
+    ``use_cache=True`` stopped the whole-graph trace), saved, solved from the file alone
+    (`solve_graph`), applied (`scheduler.apply`): the module runs the model's forward with
+    every layer call planned, none falling back, its loss and gradients bit-equal to the
+    model's, its measured peak within the budget. The default, ``units="default"``, is the
+    same for a model that declares ``_no_split_modules``, as `solve`'s is; units=None is
+    one graph, and a bad ``units`` is refused before anything is traced."""
+    model = tiny_llama(layers=3)
+    x = torch.randint(0, 128, (2, 64), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": x, "labels": x}
+    said: list[str] = []
+    graph = scheduler.profile(model, batch, units="auto", repeats=1, progress=said.append)
+    layers = tuple(f"model.layers.{i}" for i in range(3))
+    assert graph.units == layers and any(m.startswith("units: ") for m in said)
+    path = tmp_path / "g.json"
+    graph.save(path)
+    result = scheduler.solve_graph(path, "70%", time_limit_s=2)
+    assert result.schedule.recompute_regions
+    assert result.schedule.meta["units"]["paths"] == list(layers)
+    result.schedule.save(tmp_path / "s.json")
+    module = scheduler.apply(model, tmp_path / "s.json", batch)
+    units = units_plan(module)
+    assert units is not None and set(units.forwards) == set(layers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no unit falls back
+        same_step(model, module, lambda m: m(**batch).loss)
+        peak = measure(module, batch, repeats=1, allocator=False).peak_bytes
+    assert units.fallback_calls == 0 and units.planned_calls >= 2 * len(layers)
+    assert peak <= result.budget_bytes
+    default = scheduler.profile(model, batch, mode="fake", times="roofline", device_spec="cpu")
+    assert default.units == layers
+    from examples.mlp import build
+
+    flat = scheduler.profile(*build(batch=8, dim=16, depth=2), mode="fake", times="roofline",
+                             device_spec="cpu")
+    assert flat.units == () and flat.nodes  # (no _no_split_modules: one graph by default)
+    with pytest.raises(ValueError, match="units='model.nothing.*'"):
+        scheduler.profile(model, batch, units="model.nothing.*")

@@ -106,7 +106,7 @@ def _setup(name: str) -> tuple[nn.Module, tuple[Any, ...], Any, Any, Any]:
         inputs = MODELS[name][1]()
         ref = _step(_build(name), inputs)
         model = _build(name)
-        graph = scheduler.profile(model, inputs, repeats=1)
+        graph = scheduler.profile(model, inputs, repeats=1, units=None)
         assert graph.written_reads, "the profile recorded no in-place write: the test is vacuous"
         _CACHE[name] = (model, inputs, graph, trace(model, inputs), ref)
     return _CACHE[name]

@@ -38,6 +38,7 @@ from ..ir.graph import CostGraph
 from ..measurement.compiled import memory_timeline
 from .program import Program
 from .timing import GradFnIndex
+from .usercode import user_stacklevel
 
 __all__ = ["ScratchWarning", "convolution_nodes", "kernel_rises", "record_scratch",
            "warn_fake_scratch", "without_scratch"]
@@ -225,7 +226,7 @@ def _unmeasured(why: str) -> dict[str, Any]:
     warnings.warn(f"kernels' scratch was not measured ({why}): predicted peaks count the "
                   "tensors only, and a plan may measure over its budget by the allocator's "
                   "count; solve with headroom (e.g. headroom=0.1) for convolutional models",
-                  ScratchWarning, stacklevel=4)
+                  ScratchWarning, stacklevel=user_stacklevel())
     return {"error": f"not measured: {why}"}
 
 
@@ -255,7 +256,7 @@ def warn_fake_scratch(model: nn.Module, g: CostGraph, device: torch.device) -> N
         "exceed its budget (on an H200, a small U-Net's plans from a fake profile measured "
         "41-58% over their predicted peaks). Profile on the device you train on with "
         "mode='real' (it measures the scratch), or solve with headroom and check the plan "
-        "with scheduler.measure", ScratchWarning, stacklevel=4)
+        "with scheduler.measure", ScratchWarning, stacklevel=user_stacklevel())
 
 
 def without_scratch(g: CostGraph) -> CostGraph:

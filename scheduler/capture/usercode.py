@@ -48,7 +48,7 @@ from torch.nn.modules import module as torch_module
 __all__ = ["UserCodeWarning", "LostHook", "LIBRARY_HOOKS", "STEP_FILE", "Watch",
            "plain_checkpoints", "called_modules", "export_quietly", "first_line",
            "is_library_hook", "unfired_hooks", "unit_paths", "warn_user_code", "is_user_file",
-           "where", "within_units"]
+           "where", "within_units", "user_stacklevel"]
 
 #: File name of the generated step module's ``forward`` (scheduler code, not the user's).
 STEP_FILE = "<scheduler step>"
@@ -94,6 +94,16 @@ class LostHook:
 def is_user_file(filename: str) -> bool:
     """Whether a frame's file is the user's: not torch's, not this package's, not the step."""
     return filename != STEP_FILE and not os.path.abspath(filename).startswith(_OWN)
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for a warning its caller issues that names the first frame outside
+    this package (the user's call of `scheduler.profile`, `solve`, ...), however many of the
+    package's own frames lie between."""
+    level, frame = 1, sys._getframe(1)  # stacklevel 1 is the caller itself
+    while frame is not None and not is_user_file(frame.f_code.co_filename):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def first_line(e: BaseException, limit: int = 400) -> str:

@@ -74,15 +74,16 @@ def describe_user_error(exc: BaseException) -> str:
 
 def profile_model(model: Any, inputs: tuple[Any, ...], *, loss_fn: Any, repeats: int | None,
                   units: Any = "default", **options: Any) -> Any:
-    """The `CostGraph` `scheduler.solve` would plan for ``units`` (`units.profile_units`),
-    with the profiler's default ``repeats`` where None, and the `profile_options` given; the
-    tests replace this hook with a fake (the ``profile`` verb looks it up at each call)."""
-    from scheduler.units.step import profile_units
+    """The `CostGraph` `scheduler.solve` would plan for ``units`` (`scheduler.profile`, as
+    from Python), with the profiler's default ``repeats`` where None, and the
+    `profile_options` given; the tests replace this hook with a fake (the ``profile`` verb
+    looks it up at each call)."""
+    from scheduler.plan import profile
 
     kwargs: dict[str, Any] = {"loss_fn": loss_fn, **options}
     if repeats is not None:
         kwargs["repeats"] = repeats
-    return profile_units(model, inputs, units, progress=lambda _m: None, **kwargs)[1]
+    return profile(model, inputs, units=units, **kwargs)
 
 
 def add_units_option(parser: argparse.ArgumentParser) -> None:

@@ -73,7 +73,8 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--time-limit", type=time_limit, default=30.0, metavar="SECONDS",
-        help="the solver's time limit in seconds (default: 30)",
+        help="seconds for solving (every solve to the schedule; not profiling or applying "
+        "the plan; default: 30)",
     )
     parser.add_argument(
         "--headroom", type=float, default=0.0, metavar="FRACTION",
@@ -282,6 +283,12 @@ def print_plan(plan: Any, out: Path) -> None:
         gap += " (to the full space's lower bound)"
     table.add_row("gap", gap)
     table.add_row("solve time", format_seconds(plan.solve_s))
+    phases = getattr(plan, "phases_s", None)
+    if phases:  # (what the time limit does not hold: profiling, applying the plan)
+        table.add_row("profile, variants, apply",
+                      f"{format_seconds(phases.get('profile', 0.0))}, "
+                      f"{format_seconds(phases.get('variants', 0.0))}, "
+                      f"{format_seconds(phases.get('apply', 0.0))}")
     table.add_row("budget", format_bytes(plan.budget_bytes))
     table.add_row("predicted peak", f"{format_bytes(e.peak_bytes)} "
                   f"({e.peak_bytes / plan.budget_bytes:.0%} of budget)")

@@ -1,7 +1,8 @@
 """One deadline that every phase of a solve checks: ``time_limit_s`` is a promise.
 
-`plan.solve_graph` (through `certify.solve_and_certify`), `auto` and `floor.floor` open a
-deadline (`within`) for their time limit; whatever they call (the block tables, `dp`'s
+`plan.solve_graph` (through `stash.solve_with_rng_stash` and `certify.solve_and_certify`),
+`plan.solve` (around its solve phase), `auto` and `floor.floor` open a deadline (`within`)
+for their time limit; whatever they call (the block tables, `dp`'s
 region table, CP-SAT, the relaxation, `repair`, the certifying bound) takes no longer than
 what is left of it: a phase given its own limit gets at most what is left (`clamp`), and the
 table builders, which run thousands of simulations, check it between them (`check`) and stop

@@ -18,6 +18,7 @@ from ..ir.graph import CostGraph
 from ..quantities import format_bytes
 from .base import INFEASIBLE, SolveResult
 from .certify import solve_and_certify
+from .deadline import within
 
 __all__ = ["STASH_TRIES", "solve_with_rng_stash"]
 
@@ -36,18 +37,26 @@ def solve_with_rng_stash(costs: CostGraph, target: int, solver: str,
     ``meta["rng_stash_bytes"]`` records the stash, ``meta["rng_reserve_bytes"]`` the room held
     back (its status and gap are over the budget less that room); its budget is ``target``.
 
-    The solves share ``time_limit_s``, with one exception: where no schedule leaves the
-    guessed room and none is proven not to fit ``target`` either (a budget within the guess of
-    the least feasible one), it solves once more without the room, with the whole time limit
-    again. When no schedule leaves room for the stash (within `STASH_TRIES` solves and the time
-    limit), the plan that fits without it is returned, with a RuntimeWarning (attributed two
-    frames up: to the code that called `plan.solve_graph`) naming how far over the two go.
+    The solves share ``time_limit_s``: one deadline (`deadline.within`) from the call holds
+    them all. Where no schedule leaves the guessed room and none is proven not to fit
+    ``target`` either (a budget within the guess of the least feasible one), it solves once
+    more without the room, with what the first solve left (the floor's offers, cached per
+    graph and time limit, answer it at once where they fit). When no schedule leaves room for
+    the stash (within `STASH_TRIES` solves and the time limit), the plan that fits without it
+    is returned, with a RuntimeWarning (attributed two frames up: to the code that called
+    `plan.solve_graph`) naming how far over the two go.
 
     Guessing first keeps the common case to one solve: solving first without room left a
     solve that used its whole time limit (a slow machine) none for the second, and so warned
     of a stash the guess would have held."""
     # (where the unscheduled step fits (``unscheduled_bytes``, its simulated peak, which the
     # caller has), keeping everything stashes nothing: no room to guess)
+    with within(time_limit_s):  # (one deadline for every solve below: a promise for the call)
+        return _solve_with_rng_stash(costs, target, solver, time_limit_s, unscheduled_bytes)
+
+
+def _solve_with_rng_stash(costs: CostGraph, target: int, solver: str,
+                          time_limit_s: float | None, unscheduled_bytes: int) -> SolveResult:
     reserve, fits = rng_stash_guess(costs) if unscheduled_bytes > target else 0, None
     started = time.perf_counter()
     for _ in range(STASH_TRIES):
@@ -85,7 +94,7 @@ def solve_with_rng_stash(costs: CostGraph, target: int, solver: str,
         f"its checkpoints keep ({format_bytes(stash)}) exceeds the budget "
         f"{format_bytes(target)} by {format_bytes(over)}: no schedule with room for both was "
         f"found; give a budget {format_bytes(over)} higher to be sure it holds by the "
-        f"allocator's count", RuntimeWarning, stacklevel=3)
+        f"allocator's count", RuntimeWarning, stacklevel=4)
     return result
 
 

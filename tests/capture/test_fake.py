@@ -55,8 +55,8 @@ def profiles() -> Callable[[str], Profiles]:
     def get(name: str) -> Profiles:
         if name not in cache:
             model, inputs = CASES[name]()
-            real = scheduler.profile(model, inputs, mode="real", repeats=1)
-            fake = scheduler.profile(model, inputs, **FAKE)
+            real = scheduler.profile(model, inputs, mode="real", repeats=1, units=None)
+            fake = scheduler.profile(model, inputs, **FAKE, units=None)
             assert real.meta["profile"]["mode"] == "real"
             assert fake.meta["profile"]["mode"] == "fake" and fake.meta["times"] == "roofline"
             cache[name] = Profiles(model, inputs, real, fake)
@@ -144,14 +144,14 @@ def test_shared_storages_are_counted_as_for_real() -> None:
     model, (idx, _) = TINY["gpt"]()
     buf = torch.randint(0, 64, (idx.numel() + 1,), generator=torch.Generator().manual_seed(0))
     x, y = buf[:-1].view(idx.shape), buf[1:].view(idx.shape)
-    real = scheduler.profile(model, (x, y), mode="real", repeats=1)
+    real = scheduler.profile(model, (x, y), mode="real", repeats=1, units=None)
     assert real.input_bytes == buf.untyped_storage().nbytes()
-    assert_same_memory(real, scheduler.profile(model, (x, y), **FAKE))
+    assert_same_memory(real, scheduler.profile(model, (x, y), **FAKE, units=None))
     carved = CarvedParameters()
     x = torch.randn(8, 16)
-    real = scheduler.profile(carved, (x,), mode="real", repeats=1)
+    real = scheduler.profile(carved, (x,), mode="real", repeats=1, units=None)
     assert real.param_bytes == carved.w.untyped_storage().nbytes() == (256 + 16 + 100) * 4
-    assert_same_memory(real, scheduler.profile(carved, (x,), **FAKE))
+    assert_same_memory(real, scheduler.profile(carved, (x,), **FAKE, units=None))
 
 
 # ----------------------------------------------------------------------------- PyTorch's fakes
@@ -169,8 +169,8 @@ BN_REASON = (
 def under_autocast(name: str) -> tuple[nn.Module, CostGraph, CostGraph]:
     model, inputs = TINY[name]()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        real = scheduler.profile(model, inputs, mode="real", repeats=1)
-        fake = scheduler.profile(model, inputs, **FAKE)
+        real = scheduler.profile(model, inputs, mode="real", repeats=1, units=None)
+        fake = scheduler.profile(model, inputs, **FAKE, units=None)
     assert any("bfloat16" in n.shape for n in real.nodes)
     return model, real, fake
 
@@ -247,7 +247,7 @@ def test_fake_profile_allocates_nothing_of_activation_size() -> None:
     held, seen = allocator_peak(lambda: torch.empty(4 * 2**20))
     assert seen >= held.nbytes
     del held
-    g, peak = allocator_peak(lambda: scheduler.profile(model, inputs, **FAKE))
+    g, peak = allocator_peak(lambda: scheduler.profile(model, inputs, **FAKE, units=None))
     activations = unscheduled(g) - g.base_bytes
     print(f"predicted activations {activations} B, allocated while profiling {peak} B")
     assert activations > 100 * 2**20
@@ -277,16 +277,16 @@ def test_inputs_as_specs_or_meta(name: str, given: str,
                                  profiles: Callable[[str], Profiles]) -> None:
     p = profiles(name)
     inputs = (_as_specs if given == "specs" else _as_meta)(p.inputs)
-    g = scheduler.profile(p.model, inputs, **FAKE)
+    g = scheduler.profile(p.model, inputs, **FAKE, units=None)
     assert_same_memory(p.real, g)
-    auto = scheduler.profile(p.model, inputs, times="roofline", device_spec="cpu")
+    auto = scheduler.profile(p.model, inputs, times="roofline", device_spec="cpu", units=None)
     first = "['input_ids']" if name == "llama" else "[0]"
     assert auto.meta["profile"] == {
         "mode": "fake", "why": f"example_inputs{first} is a meta tensor or a (shape, dtype) "
                                f"spec ({auto.meta['profile']['why'].split('(')[-1]}"}
     assert_same_memory(p.real, auto)
     with pytest.raises(ValueError) as e:
-        scheduler.profile(p.model, inputs, mode="real")
+        scheduler.profile(p.model, inputs, mode="real", units=None)
     msg = str(e.value)
     assert "\n" not in msg and f"example_inputs{first}" in msg and "mode='fake'" in msg
 
@@ -300,16 +300,16 @@ def test_model_on_meta_is_profiled_and_solved(name: str,
     assert all(t.device.type == "meta" for t in meta_model.parameters())
     first = next(n for n, _ in meta_model.named_parameters())
     specs = _as_specs(p.inputs)
-    g = scheduler.profile(meta_model, specs, **FAKE)
+    g = scheduler.profile(meta_model, specs, **FAKE, units=None)
     assert_same_memory(p.real, g)
     assert unscheduled(g) == unscheduled(p.real)
-    auto = scheduler.profile(meta_model, p.inputs, times="roofline", device_spec="cpu")
+    auto = scheduler.profile(meta_model, p.inputs, times="roofline", device_spec="cpu", units=None)
     assert auto.meta["profile"]["mode"] == "fake"
     assert f"parameter {first!r} is on the meta device" in auto.meta["profile"]["why"]
     with pytest.raises(ValueError, match=rf"^mode='real' runs the step, but "
                                          rf"{type(meta_model).__name__}'s parameter "
                                          rf"'{first}' is on the meta device"):
-        scheduler.profile(meta_model, p.inputs, mode="real")
+        scheduler.profile(meta_model, p.inputs, mode="real", units=None)
     # solved on meta, applied to the real model, measured for real
     fake, real = planned_step(p)
     fraction = feasible_fraction(fake)
@@ -335,7 +335,7 @@ def test_fake_profile_leaves_the_model_unchanged(name: str, training: bool, mode
     buffers = [(b, b.clone()) for b in model.buffers()]
     before = model_state(model)
     rng = torch.get_rng_state()
-    scheduler.profile(model, inputs, **FAKE)
+    scheduler.profile(model, inputs, **FAKE, units=None)
     before.assert_unchanged(model)
     assert torch.equal(torch.get_rng_state(), rng)
     assert all(p is q and torch.equal(p, v) for (p, v), q in zip(params, model.parameters()))
@@ -344,5 +344,5 @@ def test_fake_profile_leaves_the_model_unchanged(name: str, training: bool, mode
     assert all(m.training == training for m in model.modules())
     model2, _ = TINY[name]()
     model2.train(training)
-    scheduler.profile(model2, inputs, **FAKE)
+    scheduler.profile(model2, inputs, **FAKE, units=None)
     assert all(p.grad is None for p in model2.parameters())

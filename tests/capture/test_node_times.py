@@ -89,12 +89,13 @@ class Profiles:
         self.model, self.inputs = model, inputs
         state = {k: v.clone() for k, v in model.state_dict().items()}
         rng = torch.get_rng_state()
-        self.fake = {t: scheduler.profile(model, inputs, mode="fake", times=t, repeats=3)
+        self.fake = {t: scheduler.profile(model, inputs, mode="fake", times=t, repeats=3,
+                                          units=None)
                      for t in ("isolated", "scaled")}
         self.rng_kept = torch.equal(rng, torch.get_rng_state())
         self.state_kept = all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
         self.grads_none = all(p.grad is None for p in model.parameters())
-        self.real = scheduler.profile(model, inputs, mode="real", repeats=3)
+        self.real = scheduler.profile(model, inputs, mode="real", repeats=3, units=None)
 
 
 @pytest.fixture(scope="module")
@@ -169,9 +170,9 @@ def test_isolated_within_a_factor_of_the_real_profile(build_example: Any) -> Non
                                   n_embd=128, vocab_size=512, dropout=0.0)
     rounds: dict[str, list[CostGraph]] = {"real": [], "isolated": []}
     for _ in range(3):
-        rounds["real"].append(scheduler.profile(model, inputs, mode="real", repeats=5))
+        rounds["real"].append(scheduler.profile(model, inputs, mode="real", repeats=5, units=None))
         rounds["isolated"].append(scheduler.profile(model, inputs, mode="fake",
-                                                    times="isolated", repeats=5))
+                                                    times="isolated", repeats=5, units=None))
 
     def med(kind: str, name: str, field: str) -> float:
         return statistics.median(getattr(g.node(name), field) for g in rounds[kind])
@@ -210,7 +211,7 @@ def test_isolated_in_place_and_leaf_module(build_example: Any) -> None:
     torch.manual_seed(0)
     model, x = Net(), torch.randn(32, 64)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    g = scheduler.profile(model, (x,), mode="fake", times="isolated", repeats=1)
+    g = scheduler.profile(model, (x,), mode="fake", times="isolated", repeats=1, units=None)
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     for n in g.nodes:
@@ -236,7 +237,7 @@ def test_isolated_names_a_node_that_fails_alone() -> None:
     model = Div()
     with pytest.raises(FakeProfileError, match=r"floordiv.*times='roofline'.*mode='real'"):
         scheduler.profile(model, (torch.randn(4, 8), torch.full((4, 1), 3)), mode="fake",
-                          times="isolated", repeats=1)
+                          times="isolated", repeats=1, units=None)
 
 
 def test_isolated_on_a_device_that_cannot_run() -> None:
@@ -285,7 +286,7 @@ def test_scaled_graph_that_depends_on_the_batch() -> None:
 
     with pytest.raises(FakeProfileError, match=r"times='scaled'.*times='isolated'"):
         scheduler.profile(Branchy(), (torch.randn(4, 8),), mode="fake", times="scaled",
-                          repeats=1)
+                          repeats=1, units=None)
 
 
 def test_scale_time_by_hand() -> None:

@@ -147,7 +147,7 @@ def profiled(build_example: Build, model_state: Any,
             with_grads(model)
             before = model_state(model)
             rng = torch.get_rng_state()
-            graph = scheduler.profile(model, inputs, repeats=1, name=name)
+            graph = scheduler.profile(model, inputs, repeats=1, name=name, units=None)
             cache[name] = Profiled(name, model, inputs, graph, before, rng,
                                    torch.get_rng_state())
         return cache[name]
@@ -175,7 +175,7 @@ def test_saved_bytes_match_autograd(name: str, profiled: Any, build_example: Bui
 def test_hf_gpt2_sdpa_difference_is_exactly_the_causal_masks(build_example: Build) -> None:
     # why the sdpa graph saves more: see HF_MASK_REASON
     model, inputs = build_example("hf_gpt2", attn_implementation="sdpa")
-    g = scheduler.profile(model, inputs, repeats=1)
+    g = scheduler.profile(model, inputs, repeats=1, units=None)
     assert g.meta["tracer"] == "export"
     model, inputs = build_example("hf_gpt2", attn_implementation="sdpa")
     independent = autograd_saved_bytes(model, inputs)
@@ -190,7 +190,7 @@ def test_hf_gpt2_sdpa_difference_is_exactly_the_causal_masks(build_example: Buil
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_profile_is_stable(name: str, profiled: Any) -> None:
     p = profiled(name)
-    again = scheduler.profile(p.model, p.inputs, repeats=1, name=name)
+    again = scheduler.profile(p.model, p.inputs, repeats=1, name=name, units=None)
     g = p.graph
     assert len(again.nodes) == len(g.nodes)
     assert [n.name for n in again.nodes] == [n.name for n in g.nodes]
@@ -203,7 +203,7 @@ def test_profile_is_stable(name: str, profiled: Any) -> None:
 def test_fingerprint_changes_with_input_shape(profiled: Any, build_example: Build) -> None:
     g = profiled("mlp").graph
     model, inputs = build_example("mlp", batch=128)
-    other = scheduler.profile(model, inputs, repeats=1)
+    other = scheduler.profile(model, inputs, repeats=1, units=None)
     assert [n.name for n in other.nodes] == [n.name for n in g.nodes]
     assert other.fingerprint != g.fingerprint
 

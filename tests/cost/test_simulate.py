@@ -30,7 +30,7 @@ WORST: dict[str, tuple[float, str]] = {}
 class Profiled:
     def __init__(self, name: str, model: Any, inputs: tuple[Any, ...]):
         self.name, self.model, self.inputs = name, model, inputs
-        self.graph = scheduler.profile(model, inputs, repeats=1)
+        self.graph = scheduler.profile(model, inputs, repeats=1, units=None)
         self.gm = trace(model, inputs)
 
     def error(self, schedule: Schedule) -> tuple[float, int, int]:

@@ -23,7 +23,8 @@ from scheduler.solvers.blocktable import build_schedule
 
 
 def _fake(model: nn.Module, *inputs: Any) -> CostGraph:
-    return scheduler.profile(model, inputs, mode="fake", times="roofline", device_spec="cpu")
+    return scheduler.profile(model, inputs, mode="fake", times="roofline", device_spec="cpu",
+                             units=None)
 
 
 def _gpt(layers: int, batch: int = 2, seq: int = 16) -> CostGraph:

@@ -215,7 +215,8 @@ def test_issue_24_hf_models_name_a_floor_that_solves_and_stays(build):
     import os
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model, batch = build()
-    g = scheduler.profile(model, batch, mode="fake", times="roofline", device_spec="cpu")
+    g = scheduler.profile(model, batch, mode="fake", times="roofline", device_spec="cpu",
+                          units=None)
     limit = 3.0
     f = floor(g, time_limit_s=limit)
     assert f.universal_bytes <= f.lower_bound_bytes <= f.bytes
