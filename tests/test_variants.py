@@ -205,6 +205,48 @@ def test_trainer_with_a_padding_collator_over_many_lengths(tmp_path: Path) -> No
         assert _peak(plan.module.train(), batch) <= plan.budget_bytes, n
 
 
+@pytest.mark.slow
+def test_trainer_torch_compile_with_a_padding_collator(tmp_path: Path) -> None:
+    """`Trainer(torch_compile=True)` with a padding collator over 40 to 96 tokens, 16 steps,
+    the plan solved at the longest: every unit call planned (the runtime's count, inside
+    compiled code), at most 4 graphs, no graph break (Trainer's loss keywords reach the
+    layers: traced when solving), and the compiled step at the longest batch within the
+    budget (allocator events)."""
+    pytest.importorskip("accelerate")
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+
+    from scheduler.measurement.compiled import compiled_peak
+
+    model = _llama(layers=4)
+    g = torch.Generator().manual_seed(1)
+    rows = [{"input_ids": torch.randint(1, 128, (int(n),), generator=g)}
+            for n in torch.randint(40, 97, (32,), generator=g)]
+    rows[0]["input_ids"] = torch.randint(1, 128, (96,), generator=g)
+    collate = _PadCollator()
+    longest = collate(rows[:2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = scheduler.solve(model, longest, budget="70%", repeats=1, time_limit_s=10)
+    units = units_plan(plan.module)
+    assert units is not None and units.forwards
+    dynamo.reset()
+    counters.clear()
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=16, per_device_train_batch_size=2,
+        logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+        remove_unused_columns=False, torch_compile=True, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a unit that falls back fails here
+        transformers.Trainer(model=plan.module, args=args, train_dataset=rows,
+                             data_collator=collate).train()
+    assert units.planned_calls == 16 * len(units.forwards) and units.fallback_calls == 0
+    assert counters["stats"]["unique_graphs"] <= 4 and not counters["graph_break"]
+    dynamo.reset()
+    peak = compiled_peak(torch.compile(plan.module.train()), longest)
+    assert peak <= plan.budget_bytes, (peak, plan.budget_bytes)
+
+
 class _PadCollator:
     """Right padding to the longest row, labels -100 at the padding (what a padding collator
     for causal language modelling gives)."""

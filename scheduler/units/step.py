@@ -32,7 +32,7 @@ from .runtime import rewrite_units
 from .variants import unit_runs, variant_inputs
 
 __all__ = ["called_once", "gives_positions", "in_param_dtype", "planned_module", "profile_units",
-           "profile_variants", "warm_up", "without_cache"]
+           "profile_variants", "trainer_keywords", "warm_up", "without_cache"]
 
 
 def gives_positions(model: nn.Module, example_inputs: Any) -> bool:
@@ -191,22 +191,48 @@ def warm_up(module: nn.Module, inputs: tuple[Any, ...]) -> None:
     units their arguments, and as a compiled one does (`capture.eager_choices.
     compiled_choices`: Hugging Face builds an attention mask under ``torch.compile`` that it
     skips eagerly; a unit called with it at its first compiled call would trace there, a
-    graph break)."""
+    graph break). And, for a model `transformers.Trainer` passes its loss keywords, once more
+    with them (`trainer_keywords`): its layers receive them too, another call signature,
+    which a compiled step would otherwise trace at its first call (a graph break)."""
     plan = units_plan(module)
     if plan is None or not module.training:
         return
+    calls: list[dict[str, Any]] = [{}, *([trainer] if (trainer := trainer_keywords(
+        module, inputs)) else [])]
     for as_compiled in (False, True):
         for forward in plan.forwards.values():
             forward.trial = as_compiled  # (a call the compiled step may never make)
         try:
-            with (preserved_state(module), torch.enable_grad(),
-                  compiled_choices() if as_compiled else contextlib.nullcontext()):
-                module(*inputs)
+            for keywords in calls:
+                with (preserved_state(module), torch.enable_grad(),
+                      compiled_choices() if as_compiled else contextlib.nullcontext()):
+                    module(*inputs, **keywords)
         finally:
             for forward in plan.forwards.values():
                 forward.trial = False
     for forward in plan.forwards.values():
         forward.planned_steps = forward.fallback_steps = 0
+
+
+def trainer_keywords(module: nn.Module, inputs: tuple[Any, ...]) -> dict[str, Any] | None:
+    """The keywords `transformers.Trainer` adds to a training call of ``module`` beside the
+    batch: ``num_items_in_batch`` (a 0-dimensional float tensor on the model's device) where
+    the model accepts loss keywords (its ``accepts_loss_kwargs``, else a ``**kwargs`` in its
+    ``forward``, as Trainer decides), and the inputs bind a ``labels`` argument; else None."""
+    if not type(module).__module__.startswith("transformers."):
+        return None
+    try:
+        params = inspect.signature(module.forward).parameters
+        bound = inspect.signature(module.forward).bind_partial(*inputs).arguments
+    except (TypeError, ValueError):
+        return None
+    accepts = getattr(module, "accepts_loss_kwargs", None)
+    if accepts is None:
+        accepts = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if not accepts or bound.get("labels") is None:
+        return None
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    return {"num_items_in_batch": torch.tensor(1.0, device=device)}
 
 
 def planned_module(gm: fx.GraphModule, graph: CostGraph, schedule: Schedule,
