@@ -80,16 +80,26 @@ def applies(graph: CostGraph) -> bool:
 
 def _positions(graph: CostGraph) -> tuple[int, dict[int, tuple[int, list[int]]]]:
     """``(n, {storage: (producer position, sorted positions that read or save it)})`` over
-    ``graph.compute_nodes`` (a reader or saver that is not a compute node counts as n)."""
+    ``graph.compute_nodes``. A node outside the compute nodes (the loss, an export's metadata
+    assert) counts at the position of the next compute node (n after the last): a saver
+    there holds the storage, a recorded last use there keeps it alive until then, and a mere
+    reader there (an assert) holds nothing and is left out."""
     names = graph.compute_nodes
     n = len(names)
-    idx = {x: i for i, x in enumerate(names)}
+    at: dict[str, int] = {}
+    k = 0
+    for node in graph.nodes:
+        at[node.name] = k
+        if not node.is_loss:
+            k += 1
+    compute = set(names)
     readers = storage_readers(graph)
     out = {}
     for sid, st in graph.storages.items():
-        p = idx.get(st.producer, n)
-        uses = sorted({idx.get(r, n) for r in (*st.savers, *readers[sid], st.last_use)} - {p})
-        out[sid] = (p, uses)
+        p = at[st.producer] if st.producer in compute else n
+        used = {at[r] for r in (*st.savers, st.last_use)}
+        used |= {at[r] for r in readers[sid] if r in compute}
+        out[sid] = (p, sorted(used - {p}))
     return n, out
 
 
@@ -122,8 +132,16 @@ def _positions_of(graph: CostGraph) -> tuple[int, dict[int, tuple[int, list[int]
 
 def unit_cuts(graph: CostGraph, start: int, stop: int) -> list[int]:
     """Positions inside the call ``[start, stop)`` (relative to ``start``) where a region
-    boundary keeps the composition exact: at most one storage crosses (`_crossing`)."""
-    return [c - start for c, sids in _crossing(graph, start, stop).items() if len(sids) <= 1]
+    boundary keeps the composition exact: at most one storage crosses (`_crossing`), made
+    after the boundary before it (the call's start or the previous cut taken, left to right),
+    so that what crosses is made by the region just before."""
+    _, pos = _positions_of(graph)
+    out, prev = [], start
+    for c, sids in sorted(_crossing(graph, start, stop).items()):
+        if len(sids) <= 1 and all(pos[sid][0] >= prev for sid in sids):
+            out.append(c - start)
+            prev = c
+    return out
 
 
 class ChainTable:
@@ -153,6 +171,8 @@ class ChainTable:
         for k, calls_k in members.items():
             sets = [set(unit_cuts(graph, *self.calls[i])) for i in calls_k]
             rel_cuts[k] = sorted(set.intersection(*sets))
+            # (a cut some call lacks may leave another's storage crossing two: `_chained`
+            # then says so, and nothing is claimed)
         pts = {0, n}
         for i, (a, b) in enumerate(self.calls):
             pts.update({a, b, *(a + c for c in rel_cuts[self.kinds[i]])})
@@ -277,15 +297,20 @@ class ChainTable:
         items.sort(key=lambda x: x[0])
         regions, jobs_at = [], {}
         at = 0
+        def kept(upto: int) -> None:  # one keep region per gap between boundaries, as the DP
+            # composes them (who owns a storage is the regions' accounting: `RegionCost`)
+            j = pts.index(at)
+            while pts[j] < upto:
+                regions.append(Region(KEEP, tuple(names[pts[j]:pts[j + 1]])))
+                j += 1
+
         for a, b, p, save, job in items:
-            if pts[a] > at:
-                regions.append(Region(KEEP, tuple(names[at:pts[a]])))
+            kept(pts[a])
             if job is not None:
                 jobs_at[job] = len(regions)
             regions.append(Region(p, tuple(names[pts[a]:pts[b]]), save))
             at = pts[b]
-        if at < self.n:
-            regions.append(Region(KEEP, tuple(names[at:])))
+        kept(self.n)
         self.simulations += 1
         schedule = Schedule(regions, fingerprint=graph.fingerprint)
         _, costs = region_costs(graph, schedule, timeline=False)
