@@ -53,15 +53,16 @@ __all__ = ["ChainTable", "applies", "chain", "least_peak", "search", "space_of",
 Path = tuple | None
 
 
-def _insert(front: list, item: tuple) -> None:
-    """Add ``item`` to a Pareto front on its first two fields (both minimized), dropping
-    what it dominates; an item equal to one there is dropped (the earlier one stays)."""
-    h, t = item[0], item[1]
-    for x in front:
-        if x[0] <= h and x[1] <= t:
-            return
-    front[:] = [x for x in front if not (h <= x[0] and t <= x[1])]
-    front.append(item)
+def _pareto(items: list[tuple]) -> list[tuple]:
+    """The Pareto front of ``items`` on their first two fields (both minimized), by one sort
+    and a sweep: of equal ones, the first (a stable sort keeps the order they came in)."""
+    items.sort(key=lambda x: (x[0], x[1]))
+    out, best = [], None
+    for x in items:
+        if best is None or x[1] < best:
+            out.append(x)
+            best = x[1]
+    return out
 
 
 def _run(table: ChainTable, budget: int | None) -> tuple[int, float, int, Path] | None:
@@ -77,6 +78,7 @@ def _run(table: ChainTable, budget: int | None) -> tuple[int, float, int, Path] 
             front = fronts.pop((a, q), None)
             if not front:
                 continue
+            front = _pareto(front)
             for b in table.starts[a]:
                 opts = table.options[a, b]
                 for o in range(len(opts)):
@@ -100,9 +102,9 @@ def _run(table: ChainTable, budget: int | None) -> tuple[int, float, int, Path] 
                             if best is None or cand < best[0]:
                                 best = (cand, (pk, nt, nh, np))
                         elif budget is None:
-                            _insert(nxt, (nh, pk, nt, np))
+                            nxt.append((nh, pk, nt, np))
                         else:
-                            _insert(nxt, (nh, nt, pk, np))
+                            nxt.append((nh, nt, pk, np))
     return None if best is None else best[1]
 
 
