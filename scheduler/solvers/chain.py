@@ -38,7 +38,9 @@ a DP linear in the number of calls (times the fronts' sizes). The least peak ove
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from ..ir.graph import CostGraph
 from ..ir.schedule import KEEP, Schedule
@@ -53,59 +55,104 @@ __all__ = ["ChainTable", "applies", "chain", "least_peak", "search", "space_of",
 Path = tuple | None
 
 
-def _pareto(items: list[tuple]) -> list[tuple]:
-    """The Pareto front of ``items`` on their first two fields (both minimized), by one sort
-    and a sweep: of equal ones, the first (a stable sort keeps the order they came in)."""
-    items.sort(key=lambda x: (x[0], x[1]))
-    out, best = [], None
-    for x in items:
-        if best is None or x[1] < best:
-            out.append(x)
-            best = x[1]
-    return out
+@dataclass
+class _Front:
+    """Prefixes reaching one boundary in one state, as arrays: bytes held, the minimized key
+    (time, or peak for the least peak), the other one, and where each came from (the front
+    before, its index there, and the region: boundary a, boundary b, option)."""
+
+    held: np.ndarray
+    key: np.ndarray
+    other: np.ndarray
+    src: np.ndarray
+    idx: np.ndarray
+    span: list[tuple[int, int, int]]
+    span_of: np.ndarray
 
 
-def _run(table: ChainTable, budget: int | None) -> tuple[int, float, int, Path] | None:
+def _pareto(chunks: list[tuple]) -> _Front:
+    """The Pareto front on (held, key), both minimized, of candidate chunks; of equal ones
+    the first in the order they came (a stable sort): deterministic."""
+    held = np.concatenate([c[0] for c in chunks])
+    key = np.concatenate([c[1] for c in chunks])
+    other = np.concatenate([c[2] for c in chunks])
+    src = np.concatenate([np.full(len(c[0]), c[3], dtype=np.int64) for c in chunks])
+    idx = np.concatenate([c[4] for c in chunks])
+    spans = [c[5] for c in chunks]
+    span_of = np.concatenate([np.full(len(c[0]), k, dtype=np.int64)
+                              for k, c in enumerate(chunks)])
+    order = np.lexsort((key, held))  # (stable: by held, then key, then arrival)
+    k = key[order]
+    before = np.concatenate(([np.inf], np.minimum.accumulate(k)[:-1]))
+    keep = order[k < before]
+    return _Front(held[keep], key[keep], other[keep], src[keep], idx[keep], spans,
+                  span_of[keep])
+
+
+def _run(table: ChainTable, budget: int | None) -> tuple[int, float, Path] | None:
     """The DP. With ``budget``: the least recompute time of a schedule whose composed peak
-    fits, as (peak, time, held, path), fronts on (held, time). Without: the least composed
-    peak, fronts on (held, peak) (time breaks ties at the end)."""
+    fits, as (peak, time, path), fronts on (held, time). Without: the least composed peak,
+    fronts on (held, peak) (the least time breaks ties at the end)."""
     last = len(table.points) - 1
-    # front[(boundary, state)]: Pareto list of (held, time or peak, peak or time, path)
-    fronts: dict[tuple[int, State], list[tuple]] = {(0, None): [(0, 0, 0.0, None)]}
-    best = None
+    timed = budget is not None
+    fronts: list[_Front] = []
+    pending: dict[tuple[int, State], list[tuple]] = {
+        (0, None): [(np.zeros(1, np.int64), np.zeros(1, np.float64 if timed else np.int64),
+                     np.zeros(1, np.int64 if timed else np.float64), -1,
+                     np.zeros(1, np.int64), (-1, -1, -1))]}
+    best: tuple | None = None
     for a in range(last):
         for q in table.states[a]:
-            front = fronts.pop((a, q), None)
-            if not front:
+            chunks = pending.pop((a, q), None)
+            if not chunks:
                 continue
-            front = _pareto(front)
+            f = _pareto(chunks)
+            fid = len(fronts)
+            fronts.append(f)
+            index = np.arange(len(f.held))
             for b in table.starts[a]:
                 opts = table.options[a, b]
                 for o in range(len(opts)):
                     e = table.entries[a, b, o, q]
-                    nxt = None if b == last else fronts.setdefault(
-                        (b, table.leaves(b, *opts[o])), [])
-                    for held, key, other, path in front:
-                        if budget is None:
-                            pk, t = key, other
-                        else:
-                            t, pk = key, other
-                        pk = max(pk, held + e.local)
-                        if budget is not None and pk > budget:
-                            continue
-                        nh, nt, np = held + e.held, t + e.time_s, (a, b, o, path)
-                        if b == last:
-                            pk = max(pk, nh + e.tail_local)
-                            if budget is not None and pk > budget:
-                                continue
-                            cand = (pk, nt) if budget is None else (nt, pk)
-                            if best is None or cand < best[0]:
-                                best = (cand, (pk, nt, nh, np))
-                        elif budget is None:
-                            nxt.append((nh, pk, nt, np))
-                        else:
-                            nxt.append((nh, nt, pk, np))
-    return None if best is None else best[1]
+                    if timed:
+                        t, pk = f.key, f.other
+                    else:
+                        pk, t = f.key, f.other
+                    pk = np.maximum(pk, f.held + e.local)
+                    nh = f.held + e.held
+                    nt = t + e.time_s
+                    if b == last:
+                        pk = np.maximum(pk, nh + e.tail_local)
+                    ok = pk <= budget if timed else np.ones(len(pk), bool)
+                    if not ok.any():
+                        continue
+                    if b == last:
+                        pick = np.flatnonzero(ok)
+                        first, second = (nt[pick], pk[pick]) if timed else (pk[pick], nt[pick])
+                        j = int(np.lexsort((second, first))[0])
+                        i = int(pick[j])
+                        cand = (first[j].item(), second[j].item())
+                        if best is None or cand < best[0]:
+                            best = (cand, (int(pk[i]), float(nt[i]), (a, b, o, (fid, int(i)))))
+                        continue
+                    key, other = (nt, pk) if timed else (pk, nt)
+                    pending.setdefault((b, table.leaves(b, *opts[o])), []).append(
+                        (nh[ok], key[ok], other[ok], fid, index[ok], (a, b, o)))
+    if best is None:
+        return None
+    pk, t, (a, b, o, (fid, i)) = best[1]
+    path: Path = (a, b, o, None)
+    regions = [(a, b, o)]
+    while fid >= 0:
+        f = fronts[fid]
+        span = f.span[int(f.span_of[i])]
+        fid, i = int(f.src[i]), int(f.idx[i])
+        if span[0] >= 0:
+            regions.append(span)
+    path = None
+    for a, b, o in reversed(regions):
+        path = (a, b, o, path)
+    return pk, t, path
 
 
 def _spans(table: ChainTable, path: Path) -> list[tuple[int, int, str, frozenset[str]]]:
@@ -129,7 +176,7 @@ def search(table: ChainTable, budget: int) -> tuple[float, list[tuple], int] | N
     found = _run(table, budget)
     if found is None:
         return None
-    pk, t, _, path = found
+    pk, t, path = found
     return t, _spans(table, path), pk
 
 
