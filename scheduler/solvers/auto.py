@@ -1,11 +1,10 @@
 """``auto`` (the default): the exact methods, checked against every baseline.
 
-On a graph with units (`CostGraph.units`) ``chain`` answers first: where it proves its
-schedule OPTIMAL over its space (`chain`'s docstring, ``schedule.meta["space"]``) and no
-cheap baseline (``BASELINES`` less `SLOW_BASELINES`) recomputes less within the budget, that is
-the answer, in no time that depends on a clock. Otherwise (not proven, nothing in its space
-fits, or a baseline does better) the portfolio below runs, with chain's schedule among the
-candidates.
+On a graph with units (`CostGraph.units`) ``chain`` runs first (a fraction of a second, no
+clock) and its schedule is a candidate like the others' (certified against the full-space
+bound like them). With `SolverConfig.chain_first`, where chain proves its schedule OPTIMAL over
+its space (``schedule.meta["space"]``) and no cheap baseline (``BASELINES`` less
+`SLOW_BASELINES`) recomputes less within the budget, that is the answer at once.
 
 The whole call keeps to one deadline, ``time_limit_s`` from its start (`deadline`): no step
 starts past it and the ones under way stop there, so the answer is the best found by then.
@@ -100,7 +99,7 @@ def _auto(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
     chained = None
     if applies(graph):
         chained = get_solver("chain")(graph, budget_bytes, config=config)
-        if chained.status == OPTIMAL:
+        if config.chain_first and chained.status == OPTIMAL:
             # (a baseline outside chain's space that recomputes less sends it to the rest)
             better = [r for name in BASELINES if name not in SLOW_BASELINES
                       for r in [get_solver(name)(graph, budget_bytes)]
