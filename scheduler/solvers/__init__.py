@@ -1,4 +1,4 @@
-"""Solvers: exact (``auto``, ``relax``, ``dp``, ``cpsat``, ``cpsat_fine``) and the baselines
+"""Solvers: exact (``auto``, ``chain`` for graphs with units, ``relax``, ``dp``, ``cpsat``, ``cpsat_fine``) and the baselines
 people use today (``none``, ``every_block``, ``sqrt``, ``uniform:K``, ``greedy``,
 ``knapsack``), all with one signature (see `base`); `certify.certify` judges a result against
 the full-space lower bound; `SolverConfig` holds their tunables.
@@ -7,7 +7,8 @@ Importing this package imports every solver family below, which registers its so
 `base`'s registry (so `get_solver` finds them whichever module was imported first).
 """
 
-from . import auto, blockdp, brute, cpsat, dp, floor, heuristics, relax  # noqa: F401  (they register solvers)
+from . import (  # noqa: F401  (they register solvers)
+    auto, blockdp, brute, chain, cpsat, dp, floor, heuristics, relax)
 from .base import (
     FEASIBLE,
     INFEASIBLE,

@@ -1,5 +1,11 @@
 """``auto`` (the default): the exact methods, checked against every baseline.
 
+On a graph with units (`CostGraph.units`) ``chain`` runs first (a fraction of a second, no
+clock) and its schedule is a candidate like the others' (certified against the full-space
+bound like them). With `SolverConfig.chain_first`, where chain proves its schedule OPTIMAL over
+its space (``schedule.meta["space"]``) and no cheap baseline (``BASELINES`` less
+`SLOW_BASELINES`) recomputes less within the budget, that is the answer at once.
+
 The whole call keeps to one deadline, ``time_limit_s`` from its start (`deadline`): no step
 starts past it and the ones under way stop there, so the answer is the best found by then.
 Where everything kept fits the budget, that schedule is the answer at once, OPTIMAL: nothing is
@@ -38,6 +44,7 @@ from ..ir.schedule import Schedule
 from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, get_solver, register
 from .blockdp import blocks_of, table_built
 from .certify import certify
+from .chain import applies
 from .config import SolverConfig
 from .deadline import expired, within
 from .deadline import left as time_left
@@ -89,6 +96,18 @@ def _auto(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
         return replace(finish(graph, budget_bytes, Schedule.none(graph), solver="auto",
                               started=started, status=OPTIMAL, lower_bound_s=0.0,
                               full_space=True), certified=True)
+    chained = None
+    if applies(graph):
+        chained = get_solver("chain")(graph, budget_bytes, config=config)
+        if config.chain_first and chained.status == OPTIMAL:
+            # (a baseline outside chain's space that recomputes less sends it to the rest)
+            better = [r for name in BASELINES if name not in SLOW_BASELINES
+                      for r in [get_solver(name)(graph, budget_bytes)]
+                      if r.fits and r.estimate.recompute_s  # type: ignore[union-attr]
+                      < chained.estimate.recompute_s]  # type: ignore[union-attr]
+            if not better:
+                return replace(chained,
+                               solve_s=time.perf_counter() - started)
     if budget_bytes < universal_bound(graph):
         # proven: no schedule at all fits (`floor.universal_bound`); the floor gets the limit
         return infeasible(floor(graph, time_limit_s=time_limit_s, config=config))
@@ -155,7 +174,7 @@ def _auto(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
         results.append(get_solver("cpsat_fine")(
             graph, budget_bytes, time_limit_s=min(left(), config.fine_share * time_limit_s),
             warm=best.schedule, config=config))
-    results += early + baselines
+    results += early + baselines + ([chained] if chained is not None and chained.fits else [])
     fitting = [r for r in results if r.status != INFEASIBLE]
     if fitting:
         # ties go to the earlier entry, so dp wins a tie with a baseline

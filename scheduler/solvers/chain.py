@@ -1,0 +1,234 @@
+"""``chain``: exact DP over the chain of unit calls of a graph with units.
+
+A graph with units (`CostGraph.units`) is a chain of unit calls (`ir.replays.unit_calls`)
+with the model's own code between them, which is always kept. Every recompute region lies
+within one call (`ir.replays.recompute_limits`).
+
+**Space** (written to ``schedule.meta["space"]``). Region boundaries at every call's start
+and end and at the *unit cuts* inside the calls: positions that at most one storage crosses
+of those the call itself reads or saves from there on or made before there (`unit_cuts`; one
+set per unit kind, kept where it holds for every call of the kind). Each region within a call
+is ``keep`` (between two neighbouring boundaries; a longer keep region is the run of them) or
+``recompute`` over any run of boundaries the rewriter runs (a whole call recomputed included),
+saving nothing or its 1 .. ``SolverConfig.save_top`` slowest allocating nodes (by the kind's
+median time, as `dp.save_candidates` ranks). The code between calls is one keep region.
+It contains ``every_block`` (each call recomputed whole) and the schedules that keep every
+call; it does not contain boundaries between unit cuts, other save sets, or recompute
+regions over several calls (which the runtime does not execute yet).
+
+**Why it is exact.** As in `dp`: at region boundaries that one activation crosses, the
+simulator's peak is ``max_j (H_<j + L_j)`` (and the loss region's local peak after the last
+one), where ``L_j``, ``H_j`` and the recompute time of region j depend only on the region and
+on what the region before leaves for the activation that enters it (kept, dropped, or cached
+by a save set: `leaves`). The numbers are the simulator's own (`region_costs`): each region
+option of each call is measured once, after each state it may be entered in. Calls of one
+kind share their options, and one simulation measures an option at every call of the kind at
+once (each call has its own numbers: the gradients later calls left alive, what the first call
+frees, differ by position). The DP then keeps, per boundary and entry state, the Pareto front
+of (bytes held, recompute time) over the prefixes that fit: integers, no rounding, no time
+limit. It claims OPTIMAL only where every measured entry was separable (`RegionCost`) and the
+schedule's own simulation agrees with the composed peak; else the schedule (simulated, so it
+fits) is FEASIBLE.
+
+**Cost.** A few simulations per option and entry state of each unit kind (not per call), then
+a DP linear in the number of calls (times the fronts' sizes). The least peak over the space
+(`least_peak`) is one DP over (held, peak) fronts: exact, no binary search.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..ir.graph import CostGraph
+from ..ir.schedule import KEEP, Schedule
+from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, register
+from .chaintable import ChainTable, State, applies, table_of
+from .config import SolverConfig
+
+__all__ = ["ChainTable", "applies", "chain", "least_peak", "search", "space_of", "table_of"]
+
+
+#: a path of chosen regions, newest first: (boundary a, boundary b, option, the rest) or None
+Path = tuple | None
+
+
+@dataclass
+class _Front:
+    """Prefixes reaching one boundary in one state, as arrays: bytes held, the minimized key
+    (time, or peak for the least peak), the other one, and where each came from (the front
+    before, its index there, and the region: boundary a, boundary b, option)."""
+
+    held: np.ndarray
+    key: np.ndarray
+    other: np.ndarray
+    src: np.ndarray
+    idx: np.ndarray
+    span: list[tuple[int, int, int]]
+    span_of: np.ndarray
+
+
+def _pareto(chunks: list[tuple]) -> _Front:
+    """The Pareto front on (held, key), both minimized, of candidate chunks; of equal ones
+    the first in the order they came (a stable sort): deterministic."""
+    held = np.concatenate([c[0] for c in chunks])
+    key = np.concatenate([c[1] for c in chunks])
+    other = np.concatenate([c[2] for c in chunks])
+    src = np.concatenate([np.full(len(c[0]), c[3], dtype=np.int64) for c in chunks])
+    idx = np.concatenate([c[4] for c in chunks])
+    spans = [c[5] for c in chunks]
+    span_of = np.concatenate([np.full(len(c[0]), k, dtype=np.int64)
+                              for k, c in enumerate(chunks)])
+    order = np.lexsort((key, held))  # (stable: by held, then key, then arrival)
+    k = key[order]
+    before = np.concatenate(([np.inf], np.minimum.accumulate(k)[:-1]))
+    keep = order[k < before]
+    return _Front(held[keep], key[keep], other[keep], src[keep], idx[keep], spans,
+                  span_of[keep])
+
+
+def _run(table: ChainTable, budget: int | None) -> tuple[int, float, Path] | None:
+    """The DP. With ``budget``: the least recompute time of a schedule whose composed peak
+    fits, as (peak, time, path), fronts on (held, time). Without: the least composed peak,
+    fronts on (held, peak) (the least time breaks ties at the end)."""
+    last = len(table.points) - 1
+    timed = budget is not None
+    fronts: list[_Front] = []
+    pending: dict[tuple[int, State], list[tuple]] = {
+        (0, None): [(np.zeros(1, np.int64), np.zeros(1, np.float64 if timed else np.int64),
+                     np.zeros(1, np.int64 if timed else np.float64), -1,
+                     np.zeros(1, np.int64), (-1, -1, -1))]}
+    best: tuple | None = None
+    for a in range(last):
+        for q in table.states[a]:
+            chunks = pending.pop((a, q), None)
+            if not chunks:
+                continue
+            f = _pareto(chunks)
+            fid = len(fronts)
+            fronts.append(f)
+            index = np.arange(len(f.held))
+            for b in table.starts[a]:
+                opts = table.options[a, b]
+                for o in range(len(opts)):
+                    e = table.entries[a, b, o, q]
+                    if timed:
+                        t, pk = f.key, f.other
+                    else:
+                        pk, t = f.key, f.other
+                    pk = np.maximum(pk, f.held + e.local)
+                    nh = f.held + e.held
+                    nt = t + e.time_s
+                    if b == last:
+                        pk = np.maximum(pk, nh + e.tail_local)
+                    ok = pk <= budget if timed else np.ones(len(pk), bool)
+                    if not ok.any():
+                        continue
+                    if b == last:
+                        pick = np.flatnonzero(ok)
+                        first, second = (nt[pick], pk[pick]) if timed else (pk[pick], nt[pick])
+                        j = int(np.lexsort((second, first))[0])
+                        i = int(pick[j])
+                        cand = (first[j].item(), second[j].item())
+                        if best is None or cand < best[0]:
+                            best = (cand, (int(pk[i]), float(nt[i]), (a, b, o, (fid, int(i)))))
+                        continue
+                    key, other = (nt, pk) if timed else (pk, nt)
+                    pending.setdefault((b, table.leaves(b, *opts[o])), []).append(
+                        (nh[ok], key[ok], other[ok], fid, index[ok], (a, b, o)))
+    if best is None:
+        return None
+    pk, t, (a, b, o, (fid, i)) = best[1]
+    path: Path = (a, b, o, None)
+    regions = [(a, b, o)]
+    while fid >= 0:
+        f = fronts[fid]
+        span = f.span[int(f.span_of[i])]
+        fid, i = int(f.src[i]), int(f.idx[i])
+        if span[0] >= 0:
+            regions.append(span)
+    path = None
+    for a, b, o in reversed(regions):
+        path = (a, b, o, path)
+    return pk, t, path
+
+
+def _spans(table: ChainTable, path: Path) -> list[tuple[int, int, str, frozenset[str]]]:
+    out = []
+    while path is not None:
+        a, b, o, path = path
+        out.append((table.points[a], table.points[b], *table.options[a, b][o]))
+    out.reverse()
+    merged: list[list] = []
+    for a, b, p, save in out:  # adjacent keep regions are one keep region
+        if merged and p == KEEP and merged[-1][2] == KEEP:
+            merged[-1][1] = b
+        else:
+            merged.append([a, b, p, save])
+    return [tuple(x) for x in merged]  # type: ignore[misc]
+
+
+def search(table: ChainTable, budget: int) -> tuple[float, list[tuple], int] | None:
+    """The least recompute time over the table's space whose composed peak fits ``budget``:
+    (time, spans over compute positions, composed peak), or None when nothing fits."""
+    found = _run(table, budget)
+    if found is None:
+        return None
+    pk, t, path = found
+    return t, _spans(table, path), pk
+
+
+def least_peak(table: ChainTable) -> int:
+    """The least composed peak of any schedule in the table's space (one DP over (held,
+    peak) fronts: exact)."""
+    found = _run(table, None)
+    assert found is not None  # (keeping everything is in the space)
+    return found[0]
+
+
+def space_of(table: ChainTable) -> str:
+    """What ``schedule.meta["space"]`` says of the table's space."""
+    kinds = len(set(table.kinds))
+    return (f"chain of {len(table.calls)} unit calls ({kinds} kind{'s' * (kinds != 1)}); "
+            "regions within one call, bounded at the call's ends and its unit cuts (at most "
+            "one storage crosses); keep, or recompute saving nothing or at most the "
+            f"{table.save_top} slowest allocating nodes; code between calls kept")
+
+
+@register("chain")
+def chain(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None,
+          config: SolverConfig | None = None) -> SolveResult:
+    """Exact DP over the chain of unit calls (see the module docstring): the least recompute
+    time over the space named in ``schedule.meta["space"]``, OPTIMAL (gap 0) over that space
+    where proven. ``time_limit_s`` is accepted for the common signature and not used: the
+    answer never depends on a clock. Raises ValueError on a graph without units."""
+    started = time.perf_counter()
+    if not applies(graph):
+        raise ValueError(
+            f"solver 'chain' solves graphs with units (CostGraph.units); graph {graph.name!r} "
+            "has none: solve it with 'auto' or plan the model with units='auto'")
+    save_top = (config or SolverConfig()).save_top
+    table = table_of(graph, save_top=save_top)
+    found = search(table, budget_bytes)
+    if found is None:  # (the least peak is proven only where the composition is exact)
+        return finish(graph, budget_bytes, None, solver="chain", started=started,
+                      status=INFEASIBLE,
+                      min_feasible_bytes=least_peak(table) if table.exact else None)
+    t, spans, composed = found
+    schedule = Schedule.from_regions(graph, spans, meta={"space": space_of(table)})
+    result = finish(graph, budget_bytes, schedule, solver="chain", started=started)
+    if not result.fits:  # (a composition that was not exact, `ChainTable.exact`)
+        return finish(graph, budget_bytes, None, solver="chain", started=started,
+                      status=INFEASIBLE)
+    moved = result.schedule is not None and "moved_cuts" in result.schedule.meta
+    proven = (table.exact and not moved and result.estimate is not None
+              and result.estimate.peak_bytes == composed)
+    if not proven:
+        return result
+    result = finish(graph, budget_bytes, schedule, solver="chain", started=started,
+                    status=OPTIMAL, lower_bound_s=result.estimate.recompute_s,  # type: ignore
+                    full_space=True)
+    # (OPTIMAL over the stated space: the bound is the space's, not the full space's)
+    return replace(result, lower_bound_s=None, space_bound_s=t)

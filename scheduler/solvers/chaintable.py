@@ -1,0 +1,327 @@
+"""The region table of `chain`: every region option of the unit calls, after every entry
+state, measured with the simulator once per unit kind (`ChainTable`); see `chain` for the
+space and why its entries compose exactly.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections import defaultdict
+from dataclasses import dataclass
+from statistics import median
+
+from ..cost.simulate import region_costs, storage_readers
+from ..ir.graph import CostGraph
+from ..ir.replays import recompute_limits, unit_calls
+from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule
+from .base import graph_cache
+from .blocks import stage_signature
+from .config import SolverConfig
+
+__all__ = ["ChainTable", "Entry", "State", "applies", "table_of", "unit_cuts"]
+
+#: an entry state: the policy of the region before a boundary and which of the producers
+#: whose storages cross the boundary its save set caches (None before the first region)
+State = tuple[str, frozenset[str]] | None
+#: a region option: (policy, save set)
+Option = tuple[str, frozenset[str]]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One region option's costs after one entry state: its local peak (base included), the
+    bytes it holds while later regions run, its recompute time, the loss region's local peak
+    when it is the last region, and whether the simulator found it separable."""
+
+    local: int
+    held: int
+    time_s: float
+    tail_local: int
+    exact: bool
+
+
+def applies(graph: CostGraph) -> bool:
+    """Whether ``chain`` solves ``graph``: it has units, called at least once."""
+    return bool(graph.units) and bool(unit_calls(graph))
+
+
+def _positions(graph: CostGraph) -> tuple[int, dict[int, tuple[int, list[int]]]]:
+    """``(n, {storage: (producer position, sorted positions that read or save it)})`` over
+    ``graph.compute_nodes``. A node outside the compute nodes (the loss, an export's metadata
+    assert) counts at the position of the next compute node (n after the last): a saver
+    there holds the storage, a recorded last use there keeps it alive until then, and a mere
+    reader there (an assert) holds nothing and is left out."""
+    names = graph.compute_nodes
+    n = len(names)
+    at: dict[str, int] = {}
+    k = 0
+    for node in graph.nodes:
+        at[node.name] = k
+        if not node.is_loss:
+            k += 1
+    compute = set(names)
+    readers = storage_readers(graph)
+    out = {}
+    for sid, st in graph.storages.items():
+        p = at[st.producer] if st.producer in compute else n
+        used = {at[r] for r in (*st.savers, st.last_use)}
+        used |= {at[r] for r in readers[sid] if r in compute}
+        out[sid] = (p, sorted(used - {p}))
+    return n, out
+
+
+def _crossing(graph: CostGraph, start: int, stop: int) -> dict[int, list[int]]:
+    """For each position c in ``(start, stop)``: the storages crossing it that a region
+    boundary there must account for: made before c and read or saved at or after c, where
+    they were made in the call ``[start, stop)`` or are read or saved in it from c on."""
+    _, pos = _positions_of(graph)
+    out: dict[int, list[int]] = {c: [] for c in range(start + 1, stop)}
+    for sid, (p, uses) in pos.items():
+        if not uses or uses[-1] <= start or p >= stop - 1:
+            continue
+        for c in range(max(start + 1, p + 1), stop):
+            if p >= start:
+                if uses[-1] >= c:
+                    out[c].append(sid)
+            else:
+                j = bisect_left(uses, c)
+                if j < len(uses) and uses[j] < stop:
+                    out[c].append(sid)
+    return out
+
+
+def _positions_of(graph: CostGraph) -> tuple[int, dict[int, tuple[int, list[int]]]]:
+    cache = graph_cache(graph, "chain positions")
+    if "p" not in cache:
+        cache["p"] = _positions(graph)
+    return cache["p"]
+
+
+def unit_cuts(graph: CostGraph, start: int, stop: int) -> list[int]:
+    """Positions inside the call ``[start, stop)`` (relative to ``start``) where a region
+    boundary keeps the composition exact: at most one storage crosses (`_crossing`), made
+    after the boundary before it (the call's start or the previous cut taken, left to right),
+    so that what crosses is made by the region just before."""
+    _, pos = _positions_of(graph)
+    out, prev = [], start
+    for c, sids in sorted(_crossing(graph, start, stop).items()):
+        if len(sids) <= 1 and all(pos[sid][0] >= prev for sid in sids):
+            out.append(c - start)
+            prev = c
+    return out
+
+
+class ChainTable:
+    """The space's boundaries (``points``), its region options (``options[a, b]`` for
+    boundary indices ``a < b``) and their costs after each entry state (``entries[a, b, o,
+    q]``), measured with the simulator; ``kinds``: per call, its kind; ``simulations``: how
+    many were run. It keeps no reference to the graph."""
+
+    def __init__(self, graph: CostGraph, *, save_top: int = SolverConfig.save_top):
+        names = graph.compute_nodes
+        n = len(names)
+        self.n = n
+        self.save_top = save_top
+        self.simulations = 0
+        calls = unit_calls(graph)
+        self.calls = [(a, b) for _, a, b in calls]
+        inside = {i for a, b in self.calls for i in range(a, b)}
+        fixed = frozenset(names[i] for i in range(n) if i not in inside)
+        sigs = [(b - a, stage_signature(graph, a, b, fixed)) for a, b in self.calls]
+        kind_of: dict[tuple, int] = {}
+        self.kinds = [kind_of.setdefault(s, len(kind_of)) for s in sigs]
+        members: dict[int, list[int]] = defaultdict(list)
+        for i, k in enumerate(self.kinds):
+            members[k].append(i)
+        # per kind: its cuts (relative), held by every call of the kind
+        rel_cuts: dict[int, list[int]] = {}
+        for k, calls_k in members.items():
+            sets = [set(unit_cuts(graph, *self.calls[i])) for i in calls_k]
+            rel_cuts[k] = sorted(set.intersection(*sets))
+            # (a cut some call lacks may leave another's storage crossing two: `_chained`
+            # then says so, and nothing is claimed)
+        pts = {0, n}
+        for i, (a, b) in enumerate(self.calls):
+            pts.update({a, b, *(a + c for c in rel_cuts[self.kinds[i]])})
+        self.points = sorted(pts)
+        at = {p: j for j, p in enumerate(self.points)}
+        limits = recompute_limits(graph)
+        # spans: (a, b) boundary indices -> options; `owner[a, b]`: (call index or None)
+        self.options: dict[tuple[int, int], list[Option]] = {}
+        self.owner: dict[tuple[int, int], int | None] = {}
+        self.kind_spans: dict[tuple[int, int], tuple[int, int, int]] = {}
+        call_at = 0
+        for ci, (a, b) in enumerate(self.calls):
+            if a > call_at:  # the model's own code before the call: kept
+                self.options[at[call_at], at[a]] = [(KEEP, frozenset())]
+                self.owner[at[call_at], at[a]] = None
+            call_at = b
+            k = self.kinds[ci]
+            inner = [j for j in range(at[a], at[b] + 1)]
+            for x in range(len(inner)):
+                for y in range(x + 1, len(inner)):
+                    ja, jb = inner[x], inner[y]
+                    pa, pb = self.points[ja], self.points[jb]
+                    opts: list[Option] = [(KEEP, frozenset())] if y == x + 1 else []
+                    if pb <= limits[pa]:
+                        opts += [(RECOMPUTE, frozenset(names[a + off] for off in offs))
+                                 for offs in _save_sets(graph, [self.calls[i] for i in
+                                                                members[k]],
+                                                        pa - a, pb - a, save_top)]
+                    if opts:
+                        self.options[ja, jb] = opts
+                        self.owner[ja, jb] = ci
+                        self.kind_spans[ja, jb] = (k, pa - a, pb - a)
+        if call_at < n:
+            self.options[at[call_at], at[n]] = [(KEEP, frozenset())]
+            self.owner[at[call_at], at[n]] = None
+        # the producers whose storages cross each boundary (for what a save set leaves)
+        _, pos = _positions_of(graph)
+        self.crossers: dict[int, frozenset[str]] = {}
+        for j, c in enumerate(self.points):
+            self.crossers[j] = frozenset(
+                graph.storages[sid].producer for sid, (p, uses) in pos.items()
+                if p < c <= (uses[-1] if uses else -1)) if 0 < c < n else frozenset()
+        # the composition is exact where every storage crosses one boundary at most, but the
+        # inputs the code before the first call makes for every call (`_chained`)
+        self.chained = _chained(self.points, pos, self.calls[0][0] if self.calls else 0)
+        self.ends: dict[int, list[tuple[int, int]]] = defaultdict(list)  # b -> [(a, o)]
+        self.starts: dict[int, list[int]] = defaultdict(list)  # a -> [b]
+        for (a, b), opts in sorted(self.options.items()):
+            self.starts[a].append(b)
+            for o in range(len(opts)):
+                self.ends[b].append((a, o))
+        self.states: dict[int, list[State]] = {0: [None]}
+        for j in range(1, len(self.points)):
+            seen: dict[State, None] = {}
+            for a, o in self.ends[j]:
+                seen[self.leaves(j, *self.options[a, j][o])] = None
+            self.states[j] = list(seen)
+        self.entries: dict[tuple[int, int, int, State], Entry] = {}
+        self._measure_all(graph)
+
+    def leaves(self, b: int, policy: str, save: frozenset[str]) -> State:
+        """The state a region ending at boundary ``b`` leaves for the next one."""
+        return (policy, save & self.crossers[b] if policy == RECOMPUTE else frozenset())
+
+    @property
+    def exact(self) -> bool:
+        """Whether the composition is exact: every storage crosses one boundary at most
+        (`_chained`) and every entry was separable where it was measured."""
+        return self.chained and all(e.exact for e in self.entries.values())
+
+    def spans(self) -> list[tuple[int, int]]:
+        return sorted(self.options)
+
+    # -- measurement ------------------------------------------------------------------------
+    def _filler(self, a: int, q: State) -> tuple[int, int] | None:
+        """A region (start boundary, option) ending at boundary ``a`` that leaves ``q``: the
+        one starting latest, then the first option."""
+        best = None
+        for s, o in self.ends[a]:
+            if self.leaves(a, *self.options[s, a][o]) == q and (best is None or s > best[0]):
+                best = (s, o)
+        return best
+
+    def _measure_all(self, graph: CostGraph) -> None:
+        """Every entry, in as few simulations as do not overlap: the jobs of one kind's span,
+        option and state go together (one per call), split where two would overlap."""
+        groups: dict[tuple, list[tuple[int, int, int, State]]] = defaultdict(list)
+        index = {x: i for i, x in enumerate(graph.compute_nodes)}
+        for (a, b), opts in self.options.items():
+            key0 = self.kind_spans.get((a, b), ("between", a, b))
+            for o in range(len(opts)):
+                for q in self.states[a]:
+                    # (the state's producers relative to the boundary: one key per kind)
+                    rel = None if q is None else (q[0], tuple(sorted(
+                        index[x] - self.points[a] for x in q[1])))
+                    groups[key0, o, rel].append((a, b, o, q))
+        for _, jobs in sorted(groups.items(), key=lambda kv: repr(kv[0])):
+            pending = sorted(jobs)
+            while pending:
+                placed, used, rest = [], [], []
+                for job in pending:
+                    a, b, o, q = job
+                    fill = None if q is None else self._filler(a, q)
+                    lo = a if fill is None else fill[0]
+                    if any(lo < y and x < b for x, y in used):
+                        rest.append(job)
+                        continue
+                    used.append((lo, b))
+                    placed.append((job, fill))
+                self._simulate(graph, placed)
+                pending = rest
+
+    def _simulate(self, graph: CostGraph, placed: list) -> None:
+        pts, names = self.points, graph.compute_nodes
+        items: list[tuple[int, int, str, frozenset[str], object]] = []
+        for job, fill in placed:
+            a, b, o, _ = job
+            if fill is not None:
+                s, fo = fill
+                items.append((s, a, *self.options[s, a][fo], None))
+            items.append((a, b, *self.options[a, b][o], job))
+        items.sort(key=lambda x: x[0])
+        regions, jobs_at = [], {}
+        at = 0
+        def kept(upto: int) -> None:  # one keep region per gap between boundaries, as the DP
+            # composes them (who owns a storage is the regions' accounting: `RegionCost`)
+            j = pts.index(at)
+            while pts[j] < upto:
+                regions.append(Region(KEEP, tuple(names[pts[j]:pts[j + 1]])))
+                j += 1
+
+        for a, b, p, save, job in items:
+            kept(pts[a])
+            if job is not None:
+                jobs_at[job] = len(regions)
+            regions.append(Region(p, tuple(names[pts[a]:pts[b]]), save))
+            at = pts[b]
+        kept(self.n)
+        self.simulations += 1
+        schedule = Schedule(regions, fingerprint=graph.fingerprint)
+        _, costs = region_costs(graph, schedule, timeline=False)
+        last = len(pts) - 1
+        for job, j in jobs_at.items():
+            c = costs[j]
+            self.entries[job] = Entry(
+                c.local_peak_bytes, c.held_bytes, c.recompute_s,
+                costs[-1].local_peak_bytes if job[1] == last else 0,
+                c.separable and all(x.separable for x in costs[:j]))
+
+
+def _chained(points: list[int], pos: dict[int, tuple[int, list[int]]], first: int) -> bool:
+    """Whether every storage crosses at most one interior boundary (made before it, used
+    at or after it), so that what crosses a boundary was made in the region just before it
+    and the state that region leaves (`ChainTable.leaves`) says all the next one depends on.
+    Storages the code before the first call makes (rotary tables, masks: read by every
+    call) are not counted: every call reads them after the first call holds them."""
+    inner = points[1:-1]
+    for p, uses in pos.values():
+        if not uses or p < first:
+            continue
+        j = bisect_right(inner, p)
+        if j + 1 < len(inner) and inner[j + 1] <= uses[-1]:
+            return False
+    return True
+
+
+def _save_sets(graph: CostGraph, calls: list[tuple[int, int]], x: int, y: int,
+               top: int) -> list[tuple[int, ...]]:
+    """Save sets of a recompute region over relative positions ``[x, y)`` of a kind's calls,
+    as positions relative to a call's start: none, its slowest allocating node, ..., its
+    ``top`` slowest, by the kind's median time (ties by position)."""
+    names = graph.compute_nodes
+    a0 = calls[0][0]
+    ranked = sorted((-median(graph.node(names[a + off]).time_s for a, _ in calls), off)
+                    for off in range(x, y) if graph.allocates(names[a0 + off]))
+    offs = [off for _, off in ranked[:top]]
+    return [tuple(offs[:k]) for k in range(len(offs) + 1)]
+
+
+def table_of(graph: CostGraph, *, save_top: int = SolverConfig.save_top) -> ChainTable:
+    """The chain table of ``graph`` (cached beside it, `base.graph_cache`)."""
+    cache = graph_cache(graph, "chain tables")
+    if save_top not in cache:
+        cache[save_top] = ChainTable(graph, save_top=save_top)
+    return cache[save_top]

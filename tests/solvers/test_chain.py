@@ -1,0 +1,140 @@
+"""``chain`` (exact DP over the chain of unit calls) against brute force over its space."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.cost.simulate import simulate
+from scheduler.ir.graph import CostGraph
+from scheduler.ir.schedule import Schedule
+from scheduler.solvers import INFEASIBLE, OPTIMAL, SolverConfig, get_solver
+from scheduler.solvers.chain import chain, table_of
+from scheduler.testing.synthetic import random_graph
+
+from _chain_brute import simulated
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def _units_graph(kind: str, seed: int, block: int, calls: int) -> CostGraph:
+    """A random graph in blocks of ``block`` nodes, the middle ``calls`` of them units (one
+    block of the model's own code before and after)."""
+    g = random_graph(block * (calls + 2), kind=kind, seed=seed, block_size=block)
+    return replace(g, units=tuple(f"blocks.{i}" for i in range(1, calls + 1)))
+
+
+def _llama() -> CostGraph:
+    """A 2-layer Hugging Face Llama (width 32, sequence 64) profiled in units (fake,
+    roofline h100): rotary tables and the mask shared by the calls, metadata asserts."""
+    return CostGraph.load(DATA / "units_llama2.json")
+
+
+def _check(graph: CostGraph, *, exact: bool = True, budgets: int = 12) -> None:
+    """At budgets spread over the space's simulated peaks (and below the least): chain finds
+    brute force's least recompute time, its schedule simulated within the budget, OPTIMAL
+    (gap 0) where its table composes exactly; never OPTIMAL with a worse time."""
+    table = table_of(graph)
+    assert table.exact == exact
+    space = simulated(graph, table)
+    peaks = sorted({p for p, _, _ in space})
+    chosen = peaks[:: max(1, len(peaks) // budgets)] + [peaks[-1], peaks[0] - 1]
+    for budget in chosen:
+        best = min((t for p, t, _ in space if p <= budget), default=None)
+        r = chain(graph, budget)
+        if r.schedule is not None:
+            est = simulate(graph, r.schedule)
+            assert est == r.estimate and est.peak_bytes <= budget
+        if r.status == OPTIMAL:
+            assert r.gap == 0.0 and r.schedule.meta["space"]
+            assert r.estimate.recompute_s == pytest.approx(best, rel=1e-9, abs=1e-12)
+        if exact:
+            if best is None:
+                assert r.status == INFEASIBLE and r.min_feasible_bytes == peaks[0]
+            else:
+                assert r.status == OPTIMAL
+
+
+@pytest.mark.parametrize("seed", [0, 4, 8])
+def test_equals_brute_force_on_unit_chains(seed: int) -> None:
+    _check(_units_graph("chain", seed, 3, 2))
+
+
+def test_equals_brute_force_on_three_unit_calls() -> None:
+    _check(_units_graph("chain", 12, 2, 3))
+
+
+def test_equals_brute_force_on_hf_llama_units() -> None:
+    g = _llama()
+    table = table_of(g)
+    assert len(table.calls) == 2 and len(table.points) > 2 + len(table.calls)  # cuts inside
+    _check(g)
+
+
+def test_skips_across_calls_are_never_claimed() -> None:
+    """A DAG whose skip connections cross two boundaries composes inexactly: chain still
+    answers with simulated schedules but claims nothing."""
+    _check(_units_graph("dag", 0, 3, 2), exact=False)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.sampled_from(["chain", "dag"]), seed=st.integers(0, 10_000),
+       shape=st.sampled_from([(2, 2), (3, 2)]), frac=st.floats(0, 1))
+def test_property_random_unit_chains(kind: str, seed: int, shape: tuple[int, int],
+                                     frac: float) -> None:
+    """Over random unit chains and budgets: what chain returns fits under simulate, and
+    OPTIMAL is brute force's optimum over the space; on an exact table it always is."""
+    g = _units_graph(kind, seed, *shape)
+    table = table_of(g)
+    space = simulated(g, table)
+    lo, hi = min(p for p, _, _ in space), max(p for p, _, _ in space)
+    budget = int(lo + frac * (hi - lo))
+    best = min(t for p, t, _ in space if p <= budget)
+    r = chain(g, budget)
+    if r.schedule is not None:  # (never one that does not fit)
+        assert r.status != INFEASIBLE and simulate(g, r.schedule).peak_bytes <= budget
+    if r.status == OPTIMAL or table.exact:
+        assert r.status == OPTIMAL
+        assert r.estimate.recompute_s == pytest.approx(best, rel=1e-9, abs=1e-12)
+
+
+def _least(g: CostGraph) -> int:
+    return chain(g, 0).min_feasible_bytes  # type: ignore[return-value]
+
+
+def _kept(g: CostGraph) -> int:
+    return simulate(g, Schedule.none(g)).peak_bytes
+
+
+
+def test_auto_answers_with_chain_where_asked_and_is_never_worse() -> None:
+    """With ``chain_first`` auto answers with chain's proven schedule; by default chain's
+    schedule is one candidate, so auto's recomputes no more than chain's."""
+    g = _llama()
+    least = _least(g)
+    budget = least + (_kept(g) - least) // 2
+    alone = chain(g, budget)
+    r = get_solver("auto")(g, budget, config=SolverConfig(chain_first=True))
+    assert r.solver == "chain" and r.status == OPTIMAL and r.fits
+    assert r.schedule.regions == alone.schedule.regions
+    d = get_solver("auto")(g, budget, time_limit_s=5)
+    assert d.fits and d.estimate.recompute_s <= alone.estimate.recompute_s * (1 + 1e-9)
+
+
+def test_needs_units() -> None:
+    with pytest.raises(ValueError, match="units"):
+        chain(random_graph(6, seed=0), 10**9)
+
+
+def test_deterministic() -> None:
+    """Two loads of one graph (no shared cache), one budget: the same schedule."""
+    a, b = _llama(), _llama()
+    least = _least(a)
+    budget = least + (_kept(a) - least) // 3
+    ra, rb = chain(a, budget), chain(b, budget)
+    assert ra.schedule is not None and ra.schedule.regions == rb.schedule.regions
+    assert ra.estimate == rb.estimate and ra.status == rb.status == OPTIMAL
