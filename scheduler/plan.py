@@ -2,8 +2,8 @@
 `apply`.
 
 ``solve`` traces and profiles a model once, solves for a schedule under a budget and rewrites
-the model into a `Plan`; ``profile`` is its first step alone, the `CostGraph` to save and
-solve later; ``solve_graph`` is the torch-free middle step on a `CostGraph`; ``apply``
+the model into a `Plan`; ``profile`` (`profiling`) is its first step alone, the `CostGraph`
+to save and solve later; ``solve_graph`` is the torch-free middle step on a `CostGraph`; ``apply``
 (`reapply`) re-applies a saved schedule without solving.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import time
-import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +37,7 @@ from .ir.graph import CostGraph
 from .ir.schedule import Schedule
 from .parallel import parse_parallel
 from .plan_result import Plan
+from .profiling import profile
 from .reapply import apply
 from .rewrite import check_on_fallback
 from .solvers.base import INFEASIBLE, SolveResult, get_solver
@@ -45,101 +45,12 @@ from .solvers.deadline import within
 from .solvers.stash import solve_with_rng_stash
 from .step_checks import INPUT_SHAPES, input_shapes, own_peak
 from .units import profile_units, warm_up
-from .units.step import planned_module, profile_variants
-from .units.variants import VARIANTS, VariantWarning, variant_record
+from .units.step import plan_variants, planned_module
+from .units.variants import VARIANTS
 from .units.apply import stamped, units_meta
 from .quantities import check_time_limit, format_bytes
 
 __all__ = ["INPUT_SHAPES", "Plan", "apply", "input_shapes", "profile", "solve", "solve_graph"]
-
-
-def profile(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *,
-            loss_fn: Callable[[Any], torch.Tensor] | None = None, repeats: int = 3,
-            name: str | None = None, progress: Callable[[str], None] | None = None,
-            mode: str = "auto", times: str | None = None,
-            device: str | torch.device | None = None, device_spec: Any = None,
-            small_inputs: Sequence[Any] | None = None, headroom: float = 0.1,
-            units: Any = "default", parallel: Any = None) -> CostGraph:
-    """Trace ``model`` and profile one forward + backward step into a `CostGraph`: the graph
-    `solve` would plan for with the same arguments, to save (``graph.save``) and solve later
-    (`solve_graph`, ``scheduler solve g.json``) without the model.
-
-    With units, the graph records them (``graph.units``): a schedule solved on it records
-    them too, and `apply` runs it inside the model's own ``forward``, in those units.
-
-    Args:
-        model: the model (not modified).
-        example_inputs: positional inputs with the shapes to plan for, or a mapping of
-            keyword inputs (a Hugging Face-style batch). Under ``mode="fake"`` an input may
-            also be a tensor on the ``meta`` device or a ``(shape, dtype)`` spec.
-        loss_fn: ``loss_fn(output) -> scalar``; default: `trace.default_loss_recipe`.
-        repeats: timed steps per measurement (medians are kept), after one warm-up.
-        name: the graph's name (default: the model's class name).
-        progress: called with a short message as each phase starts.
-        mode, times, device, device_spec, small_inputs, headroom: how the step is profiled
-            (`capture.profile.profile`): ``mode="auto"`` (default) records it under fake
-            tensors first and runs it for real only if its predicted peak fits the device's
-            free memory less ``headroom``; ``graph.meta["profile"]`` says which ran.
-        units: the submodules a plan takes over, as `solve`'s ``units``: ``"default"``
-            (``"auto"`` for a model that declares ``_no_split_modules``, such as a Hugging
-            Face model, whose step is then profiled as its own ``forward`` runs it, with
-            ``use_cache=False``; None for the rest), ``"auto"``, a module class, a glob of
-            module paths, a predicate ``(path, module) -> bool``, or None for one traced
-            graph of the whole step.
-        parallel: profile one rank of data-parallel training, as `solve`'s ``parallel``
-            (``"ddp"``, ``"fsdp2"``, ``"fsdp2:8"``): the graph is that rank's.
-
-    Returns:
-        The `CostGraph`: nodes in execution order with bytes, saved tensors and times;
-        ``units`` the units called once in the step (empty without units).
-
-    Raises:
-        TraceError: the model cannot be traced (see `trace`).
-        FakeProfileError: ``mode="fake"`` on a step fake tensors cannot run.
-        ValueError: a bad ``mode``, ``times``, ``device_spec``, ``headroom``, ``units`` or
-            ``parallel`` (the message names it).
-    """
-    check_profile_options(mode, times, device_spec, headroom)
-    parse_parallel(parallel, *process_group())  # (fail now, not after tracing)
-    say = progress or (lambda _msg: None)
-    _, graph, _, choice = profile_units(
-        model, example_inputs, units, loss_fn=loss_fn, repeats=repeats, name=name,
-        progress=say, mode=mode, times=times, device=device, device_spec=device_spec,
-        small_inputs=small_inputs, headroom=headroom, parallel=parallel)
-    if choice.paths:
-        say(f"units: {choice.why}")
-    return graph
-
-
-def _plan_variants(model: nn.Module, example_inputs: Any, graph: CostGraph, choice: Any,
-                   budget_bytes: int, say: Callable[[str], None], profile_kw: dict[str, Any],
-                   solve_kw: dict[str, Any]) -> list[dict[str, Any]]:
-    """The step's call variants (`units.variants`) profiled and solved under the same
-    budget, as the schedule records them (``meta[VARIANTS]``); a variant that cannot be
-    profiled or fits no schedule is said (`VariantWarning`), its calls then run unplanned."""
-    out = []
-    for name, vgraph in profile_variants(model, example_inputs, graph, choice, **profile_kw):
-        if isinstance(vgraph, str):
-            warnings.warn(f"units' calls at the step's {name!r} variant cannot be planned: "
-                          f"{vgraph}; such calls run the unit's own forward (warned)",
-                          VariantWarning, stacklevel=3)
-            continue
-        say(f"solving the {name!r} variant of the step")
-        try:
-            res = solve_graph(vgraph, budget_bytes, **solve_kw)
-        except InfeasibleBudgetError as e:
-            least = (f"; its least feasible peak is {format_bytes(e.min_feasible_bytes)}"
-                     if e.min_feasible_bytes is not None else "")
-            warnings.warn(
-                f"units' calls at the step's {name!r} variant (their ops differ from the "
-                f"profiled step's) fit no schedule within {format_bytes(budget_bytes)}{least}: "
-                "such calls run the unit's own forward, warned; solve with a larger budget, "
-                "or for the batches you train with", VariantWarning, stacklevel=3)
-            continue
-        sched = same_schedule(res.schedule, graph=vgraph)
-        peak = simulate(costs_for(vgraph, solve_kw["execution"]), sched).peak_bytes
-        out.append(variant_record(name, vgraph, sched, peak))
-    return out
 
 
 def solve_graph(graph: CostGraph | str | Path, budget: int | float | str, *,
@@ -377,12 +288,13 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
                                      estimate=simulate(costs_for(graph, execution), schedule),
                                      status=schedule.status, gap=schedule.gap)
     with _phase(phases, "variants"):  # (the step's call variants: profiled and solved)
-        variants = _plan_variants(
+        variants = plan_variants(
             model, example_inputs, graph, choice, budget_bytes, say,
             dict(loss_fn=loss_fn, repeats=repeats, mode=mode, times=times, device=device,
                  device_spec=device_spec, small_inputs=small_inputs, parallel=parallel),
-            dict(solver=solver, time_limit_s=time_limit_s, headroom=headroom,
-                 execution=execution)) if choice.paths else []
+            lambda g: solve_graph(g, budget_bytes, solver=solver, time_limit_s=time_limit_s,
+                                  headroom=headroom, execution=execution),
+            execution) if choice.paths else []
     applying = time.perf_counter()
 
     def stamp(s: Schedule) -> Schedule:

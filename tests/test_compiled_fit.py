@@ -305,6 +305,8 @@ def test_a_plan_fitted_for_compile_warns_once_when_it_runs_eagerly_and_never_com
     compiled = torch.compile(net, backend="eager", fullgraph=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        # (torch's own, said once a process where an earlier test left inductor's caches off)
+        warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
         compiled(x)  # (traced: the hook finds itself compiling)
     assert not hook.warned
     with pytest.warns(EagerRunWarning) as caught:

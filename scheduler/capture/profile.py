@@ -53,7 +53,7 @@ def profile(model: nn.Module, example_inputs: Sequence[Any], *,
             device_spec: Any = None, small_inputs: Sequence[Any] | None = None,
             headroom: float = 0.1) -> CostGraph:
     """Trace ``model`` and profile one forward + backward step into a `CostGraph`: one
-    traced graph of the whole step. `scheduler.profile` (`plan.profile`) is this with
+    traced graph of the whole step. `scheduler.profile` (`profiling.profile`) is this with
     ``units=`` as `scheduler.solve` takes them (its default plans a Hugging Face model in
     its layers).
 

@@ -9,7 +9,7 @@ import inspect
 import warnings
 from copy import deepcopy
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -20,7 +20,11 @@ from ..capture.eager_choices import compiled_choices, eager_choices
 from ..capture.profile import profile_step
 from ..capture.trace import preserved_state
 from ..capture.usercode import UserCodeWarning, within_units
-from ..distributed import param_groups, process_group
+from ..budget import InfeasibleBudgetError
+from ..cost.compiled import costs_for
+from ..cost.simulate import simulate
+from ..distributed import param_groups, process_group, same_schedule
+from ..quantities import format_bytes
 from ..parallel import FSDP2, ParallelError, parse_parallel, per_rank
 from ..ir.graph import CostGraph
 from ..ir.replays import unit_calls
@@ -29,10 +33,10 @@ from ..ir.schedule import Schedule
 from ..rewrite import rewrite
 from .plans import units_plan
 from .runtime import rewrite_units
-from .variants import unit_runs, variant_inputs
+from .variants import VariantWarning, unit_runs, variant_inputs, variant_record
 
-__all__ = ["called_once", "gives_positions", "in_param_dtype", "planned_module", "profile_units",
-           "profile_variants", "trainer_keywords", "warm_up", "without_cache"]
+__all__ = ["called_once", "gives_positions", "in_param_dtype", "plan_variants", "planned_module",
+           "profile_units", "profile_variants", "trainer_keywords", "warm_up", "without_cache"]
 
 
 def gives_positions(model: nn.Module, example_inputs: Any) -> bool:
@@ -149,6 +153,40 @@ def profile_variants(model: nn.Module, example_inputs: Any, graph: CostGraph,
         if ops not in seen:
             seen.add(ops)
             out.append((name, g))
+    return out
+
+
+def plan_variants(model: nn.Module, example_inputs: Any, graph: CostGraph, choice: UnitChoice,
+                  budget_bytes: int, say: Callable[[str], None], profile_kw: dict[str, Any],
+                  solve: Callable[[CostGraph], Any], execution: str) -> list[dict[str, Any]]:
+    """The step's call variants (`profile_variants`) profiled as ``profile_kw`` says and
+    solved by ``solve`` (`scheduler.solve_graph` under the plan's budget, ``budget_bytes``),
+    as the schedule records them (``meta[variants.VARIANTS]``: `variants.variant_record`). A
+    variant that cannot be profiled, or fits no schedule (``solve`` raises
+    `InfeasibleBudgetError`), is said (`variants.VariantWarning`): its calls run the unit's
+    own forward, warned. Under ``torch.distributed`` each schedule is rank 0's."""
+    out = []
+    for name, vgraph in profile_variants(model, example_inputs, graph, choice, **profile_kw):
+        if isinstance(vgraph, str):
+            warnings.warn(f"units' calls at the step's {name!r} variant cannot be planned: "
+                          f"{vgraph}; such calls run the unit's own forward (warned)",
+                          VariantWarning, stacklevel=3)
+            continue
+        say(f"solving the {name!r} variant of the step")
+        try:
+            res = solve(vgraph)
+        except InfeasibleBudgetError as e:
+            least = (f"; its least feasible peak is {format_bytes(e.min_feasible_bytes)}"
+                     if e.min_feasible_bytes is not None else "")
+            warnings.warn(
+                f"units' calls at the step's {name!r} variant (their ops differ from the "
+                f"profiled step's) fit no schedule within {format_bytes(budget_bytes)}{least}: "
+                "such calls run the unit's own forward, warned; solve with a larger budget, "
+                "or for the batches you train with", VariantWarning, stacklevel=3)
+            continue
+        sched = same_schedule(res.schedule, graph=vgraph)
+        peak = simulate(costs_for(vgraph, execution), sched).peak_bytes
+        out.append(variant_record(name, vgraph, sched, peak))
     return out
 
 
