@@ -292,7 +292,9 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     with _phase(phases, "variants"):  # (the step's call variants: profiled and solved)
         variants = plan_variants(
             model, example_inputs, graph, choice, budget_bytes, say,
-            dict(loss_fn=loss_fn, repeats=repeats, mode=mode, times=times, device=device,
+            # (one timed repeat: a variant's times only rank its schedules within the budget,
+            # which its memory decides; profiling it again costs as much as the step's)
+            dict(loss_fn=loss_fn, repeats=1, mode=mode, times=times, device=device,
                  device_spec=device_spec, small_inputs=small_inputs, parallel=parallel),
             lambda g: solve_graph(g, budget_bytes, solver=solver, time_limit_s=time_limit_s,
                                   headroom=headroom, execution=execution),
