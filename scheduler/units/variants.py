@@ -200,19 +200,23 @@ def variant_inputs(model: torch.nn.Module, example_inputs: Any
                                  if k != "attention_mask"}, contextlib.nullcontext))
     if isinstance(mask, torch.Tensor):
         if mask.dim() == 2 and mask.numel() > 1 and not bool((mask == 0).any()):
-            padded = mask.clone()
-            padded[0, -1] = 0
-            out.append(("padded", {**example_inputs, "attention_mask": padded},
+            out.append(("padded", {**example_inputs, "attention_mask": _padded(mask)},
                         contextlib.nullcontext))
     elif mask is None and _takes_mask(model):
         ids = next((x for x in example_inputs.values()
                     if isinstance(x, torch.Tensor) and x.dim() == 2 and not x.is_floating_point()),
                    None)
         if ids is not None and ids.numel() > 1:
-            padded = torch.ones_like(ids)
-            padded[0, -1] = 0
-            out.append(("padded", {**example_inputs, "attention_mask": padded},
+            out.append(("padded", {**example_inputs,
+                                   "attention_mask": _padded(torch.ones_like(ids))},
                         contextlib.nullcontext))
+    return out
+
+
+def _padded(mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` with its first row's last position padded (a padding collator's batch)."""
+    out = mask.clone()
+    out[0, -1] = 0
     return out
 
 
