@@ -90,13 +90,14 @@ class _Tracker(StorageTracker):
 
 def wrapped_step(module: nn.Module, how: str, units: tuple[str, ...], call: Callable[
         [nn.Module], torch.Tensor], inputs: Any, *, adamw: bool = False, warm: bool = False,
-                 **kw: Any) -> tuple[nn.Module, int]:
-    """Wrap ``module`` (`wrap`) and run one training step ``call(wrapped).backward()`` with
-    gradients at None; returns the wrapped module and this rank's measured peak bytes. With
-    ``adamw``, a step and an ``AdamW`` step first (not measured): its state is then held
-    through the measured step. With ``warm``, a step first (not measured): a plan's units
-    that trace at their first call (under a ``MixedPrecisionPolicy``) trace then, not under
-    the tracker."""
+                 steps: int = 1, **kw: Any) -> tuple[nn.Module, list[int]]:
+    """Wrap ``module`` (`wrap`) and run ``steps`` training steps ``call(wrapped).backward()``,
+    each with gradients at None and an optimizer step after each but the last (SGD, or
+    ``AdamW`` with ``adamw``); returns the wrapped module (the last step's gradients in it) and
+    this rank's measured peak bytes of each step. With ``adamw``, a step and an ``AdamW`` step
+    first (not measured): its state is then held through the measured steps. With ``warm``, a
+    step first (not measured): a plan's units that trace at their first call (under a
+    ``MixedPrecisionPolicy``) trace then, not under the tracker."""
     tracker = _Tracker()
     for t in [*module.parameters(), *module.buffers(),
               *[x for x in torch.utils._pytree.tree_leaves(inputs) if isinstance(x, torch.Tensor)]]:
@@ -105,21 +106,29 @@ def wrapped_step(module: nn.Module, how: str, units: tuple[str, ...], call: Call
     # counted below, and not its device mesh's few bytes of bookkeeping)
     with tracker if how == "ddp" else contextlib.nullcontext():
         wrapped = wrap(module, how, units, **kw)
+    state: list[torch.Tensor] = []
     if adamw:
-        opt = torch.optim.AdamW(wrapped.parameters(), foreach=False)
+        opt: torch.optim.Optimizer = torch.optim.AdamW(wrapped.parameters(), foreach=False)
         call(wrapped).backward()
         opt.step()
         state = [t for st in opt.state.values() for t in st.values()]
-    elif warm:
-        call(wrapped).backward()
-    for t in [*wrapped.parameters(), *wrapped.buffers(), *(state if adamw else ())]:
+    else:
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.01, foreach=False)
+        if warm:
+            call(wrapped).backward()
+    for t in [*wrapped.parameters(), *wrapped.buffers(), *state]:
         tracker.register(_local(t))  # (FSDP2's shards, the optimizer's state)
-    for p in wrapped.parameters():
-        p.grad = None
-    tracker.reset_peak()
-    with tracker, _resizes_seen(tracker), _settled():
-        call(wrapped).backward()
-    return wrapped, tracker.peak_bytes
+    peaks = []
+    for step in range(steps):
+        if step:
+            opt.step()  # (not in the step's peak: the budget is forward and backward)
+        for p in wrapped.parameters():
+            p.grad = None
+        tracker.reset_peak()
+        with tracker, _resizes_seen(tracker), _settled():
+            call(wrapped).backward()
+        peaks.append(tracker.peak_bytes)
+    return wrapped, peaks
 
 
 @contextlib.contextmanager

@@ -1,8 +1,9 @@
 """Per-rank budgets on gloo ranks (CPU): a plan solved with ``parallel=`` for DDP or for FSDP2
 per unit, wrapped as users wrap it, trains each rank with the gradients of the same wrapping
-of the unplanned model, and each rank's measured peak is within 3% of the predicted per-rank
-peak and within the budget, at three budgets, on the GPT example and an 8-layer Hugging Face
-Llama.
+of the unplanned model (three steps, an optimizer step between them), and each rank's measured
+peak at every step (the first included: lazy initialisation, first traces) is within 3% of the
+predicted per-rank peak and within the budget, at three budgets, on the GPT example and an
+8-layer Hugging Face Llama.
 
 The measurement (`_ranks.wrapped_step`) sees tensors, not the scratch kernels allocate inside
 themselves, which the profile measures from the allocator and the prediction counts
@@ -11,7 +12,7 @@ measured peak is compared with the prediction of the tensors alone (`without_scr
 budget with the whole.
 
 One spawn of the ranks runs the cases (`_worker`) and records, per case and rank, the
-prediction, the budget, the measured peak and the largest gradient difference from the
+prediction, the budget, the measured peak of each step and the largest gradient difference from the
 reference run; the tests read those records. The fast suite runs four cases on 2 ranks
 (`FAST`); the slow one every case at every budget on 2 and on 4 ranks.
 """
@@ -51,6 +52,9 @@ CASES = [(name, how) for name in MODELS for how in WRAPS
          if not (name == "llama" and how in ("fsdp2_root", "fsdp2_keep"))]
 #: what the fast suite runs on 2 ranks (the slow one: every case and budget, on 2 and 4 ranks;
 #: Llama's FSDP2 per unit is here with AdamW's state, its plain case only in the slow one)
+#: training steps measured in each case (an optimizer step between them; every one within
+#: the budget and 3% of the prediction on every rank)
+STEPS = 3
 FAST = {("gpt", "ddp", "80%"), ("gpt", "fsdp2", "65%"), ("llama", "fsdp2+adamw", "65%"),
         ("gpt", "fsdp2_mp", "65%")}
 
@@ -100,7 +104,8 @@ def _worker(rank: int, world: int, only: set[tuple[str, str, str]] | None) -> di
         # the reference: the same wrapping of the unplanned model
         model, inputs, call = _build(name, rank)
         units = scheduler.units.find_units(model, "auto").paths if per_unit else ()
-        ref, _ = wrapped_step(model, wrapper, units, call, inputs, adamw=adamw, **kw)
+        ref, _ = wrapped_step(model, wrapper, units, call, inputs, adamw=adamw, steps=STEPS,
+                              **kw)
         want = full_grads(ref)
         del model, ref
         for budget in budgets:
@@ -120,13 +125,13 @@ def _worker(rank: int, world: int, only: set[tuple[str, str, str]] | None) -> di
             gc.collect()
             with warnings.catch_warnings(record=True) as seen:
                 warnings.simplefilter("always")
-                wrapped, peak = wrapped_step(module, wrapper, paths, call, inputs,
-                                             adamw=adamw, **kw)
+                wrapped, peaks = wrapped_step(module, wrapper, paths, call, inputs,
+                                              adamw=adamw, steps=STEPS, **kw)
             rank_warnings = [str(w.message) for w in seen if "not this rank's" in str(w.message)]
             got = full_grads(wrapped)
             diff = max((got[k] - w).abs().max().item() for k, w in want.items())
             rec[(name, how, budget)] = {
-                "predicted": predicted, "budget": budget_bytes, "measured": peak,
+                "predicted": predicted, "budget": budget_bytes, "measured": peaks,
                 "predicted_tensors": tensors,
                 "fallback_calls": getattr(scheduler.units.units_plan(wrapped),
                                           "fallback_calls", 0),
@@ -174,9 +179,11 @@ def test_each_rank_peaks_as_predicted_within_its_budget(
         ranks: list[dict[str, Any]], name: str, how: str, budget: str) -> None:
     for r, rec in enumerate(ranks):
         case = _cases(rec, name, how, budget)
-        measured, predicted = case["measured"], case["predicted_tensors"]
-        assert measured <= case["budget"], (r, case)
-        assert abs(measured - predicted) <= 0.03 * predicted, (r, case)
+        steps, predicted = case["measured"], case["predicted_tensors"]
+        assert len(steps) == STEPS, (r, case)
+        for measured in steps:  # (the first included: FSDP2's lazy initialisation, traces)
+            assert measured <= case["budget"], (r, case)
+            assert abs(measured - predicted) <= 0.03 * predicted, (r, case)
         assert predicted <= case["predicted"] <= case["budget"], (r, case)
 
 
