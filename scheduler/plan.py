@@ -43,6 +43,7 @@ from .profiling import profile
 from .reapply import apply
 from .rewrite import check_on_fallback
 from .solvers.base import INFEASIBLE, SolveResult, get_solver
+from .solvers.chain import applies as chain_applies
 from .solvers.deadline import within
 from .solvers.stash import solve_with_rng_stash
 from .step_checks import INPUT_SHAPES, input_shapes, own_peak
@@ -53,6 +54,24 @@ from .units.apply import stamped, units_meta
 from .quantities import check_time_limit, format_bytes
 
 __all__ = ["INPUT_SHAPES", "Plan", "apply", "input_shapes", "profile", "solve", "solve_graph"]
+
+
+def _variant_solve(graph: CostGraph, budget_bytes: int, *, solver: str, **kw: Any
+                   ) -> SolveResult:
+    """A call variant's schedule (`units.step.plan_variants`): with ``solver="auto"``, the
+    exact chain DP over unit calls first (`solvers.chain`: deterministic, a fraction of a
+    second, no clock), kept where it fits the budget; else, and for a named solver,
+    `solve_graph` as the step was solved. A variant runs only on the batches it is met on
+    (padded or not), so its schedule needs the budget first and the least recompute over a
+    stated space second; the step's own schedule keeps the full solve."""
+    if solver == "auto" and chain_applies(graph):
+        try:
+            result = solve_graph(graph, budget_bytes, solver="chain", **kw)
+        except InfeasibleBudgetError:
+            result = None
+        if result is not None and result.fits:
+            return result
+    return solve_graph(graph, budget_bytes, solver=solver, **kw)
 
 
 def solve_graph(graph: CostGraph | str | Path, budget: int | float | str, *,
@@ -296,8 +315,8 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
             # which its memory decides; profiling it again costs as much as the step's)
             dict(loss_fn=loss_fn, repeats=1, mode=mode, times=times, device=device,
                  device_spec=device_spec, small_inputs=small_inputs, parallel=parallel),
-            lambda g: solve_graph(g, budget_bytes, solver=solver, time_limit_s=time_limit_s,
-                                  headroom=headroom, execution=execution),
+            lambda g: _variant_solve(g, budget_bytes, solver=solver, time_limit_s=time_limit_s,
+                                     headroom=headroom, execution=execution),
             execution) if choice.paths else []
     applying = time.perf_counter()
 
