@@ -186,7 +186,9 @@ def plan_variants(model: nn.Module, example_inputs: Any, graph: CostGraph, choic
             continue
         sched = same_schedule(res.schedule, graph=vgraph)
         peak = simulate(costs_for(vgraph, execution), sched).peak_bytes
-        out.append(variant_record(name, vgraph, sched, peak))
+        out.append(variant_record(name, vgraph, sched, peak, {
+            "solver": res.solver, "status": res.status,
+            "space": res.schedule.meta.get("space", "the full schedule space")}))
     return out
 
 

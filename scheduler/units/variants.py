@@ -133,17 +133,19 @@ def with_extras(regions: list[Region], before: dict[str, list[str]], last: list[
     return [put(r, last if i == len(regions) - 1 else []) for i, r in enumerate(regions)]
 
 
-def variant_record(name: str, graph: CostGraph, schedule: Schedule, peak_bytes: int
-                   ) -> dict[str, Any]:
+def variant_record(name: str, graph: CostGraph, schedule: Schedule, peak_bytes: int,
+                   solved: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the schedule's ``meta[VARIANTS]`` holds of one variant: its name, the predicted
-    peak of its step under its own schedule, and per unit its `UnitRun` (JSON)."""
+    peak of its step under its own schedule, how it was solved (``solved``: the solver, its
+    status, the space its status refers to), and per unit its `UnitRun` (JSON)."""
     units = {}
     for path, runs in unit_runs(graph, schedule).items():
         run = runs[0]
         units[path] = {"ops": [list(o) for o in run.ops],
                        "regions": [r.to_dict() for r in run.regions],
                        "flop_saves": sorted(run.flop_saves)}
-    return {"name": name, "peak_bytes": int(peak_bytes), "units": units}
+    return {"name": name, "peak_bytes": int(peak_bytes), **({"solved": solved} if solved else {}),
+            "units": units}
 
 
 def runs_from_meta(schedule: Schedule) -> dict[str, list[UnitRun]]:
