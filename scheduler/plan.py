@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import time
-import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +24,6 @@ from .budget import InfeasibleBudgetError, budget_spec, infeasible_error, parse_
 from .capture.profile import check_profile_options
 from .compiled_fit import (
     COMPILED_PEAK,
-    CompiledPeakWarning,
     compile_and_measure,
     fit_compiled_form,
     warn_unmeasured,
@@ -236,7 +234,9 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
         measure_compiled: with ``execution="compiled"``, where the model runs here (a real
             profile on one device), compile each candidate plan (``torch.compile``, inductor)
             and measure its step's peak, solving again at other targets until the fastest
-            plan measured within the budget (`compiled_fit.fit_compiled`; a few compiles);
+            plan measured within the budget (`compiled_fit.fit_compiled`; a few compiles; a
+            plan in units is measured compiled with static and with dynamic shapes, the
+            larger peak kept, as dynamo compiles it after a second sequence length);
             ``plan.compiled_peak_bytes`` is that measurement. A budget below every plan's
             predicted peak is tried with the plan at the least one: inductor's step often
             needs less than the eager prediction. Elsewhere, or False, the budget
@@ -344,18 +344,14 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
     if execution != "compiled" or not measure_compiled:
         module = build(result)
     elif fit_here:
-        if choice.paths:
-            warnings.warn(
-                "the plan for torch.compile is fitted to one static compilation of its step; "
-                "a units plan compiled with dynamic shapes (dynamo's, after a second sequence "
-                "length) measured higher (a tiny Llama: 4.06 MB against 3.22-3.42 MB, over its "
-                "3.45 MB budget: docs/limitations.md): solve with headroom=0.2, or solve with "
-                "execution='eager' and compile that plan", CompiledPeakWarning, stacklevel=2)
         say("compiling the plan to measure its peak")
+        # (a units plan is measured compiled statically and with dynamic shapes, as dynamo
+        # compiles it after a second sequence length: the larger peak is the plan's)
         found = fit_compiled_form(
             int(budget_bytes * (1 - headroom)), result, unconstrained, solve_at,
             lambda res: compile_and_measure(build(res), inputs,
-                                            loss_fn=gm.meta["scheduler"].loss_fn),
+                                            loss_fn=gm.meta["scheduler"].loss_fn,
+                                            dynamic=build(res) if choice.paths else None),
             progress=say)
         result, module = found.result, found.module
     else:

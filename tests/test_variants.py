@@ -103,6 +103,13 @@ def _grads_equal(model: torch.nn.Module, planned: torch.nn.Module, batch: dict[s
         p.grad = None
 
 
+#: what the plan says, once, of a training call that asks for a key/value cache
+_NO_CACHE = ("the plan runs its training calls with use_cache=False (asked for a cache, or the "
+             "model's config turns it on): its units drop a key/value cache in training, as "
+             "Hugging Face's gradient checkpointing does, and the step was planned without "
+             "one (set use_cache=False, or model.config.use_cache = False, to silence this)")
+
+
 def _peak(module: torch.nn.Module, batch: dict[str, Any]) -> int:
     return scheduler.measure(module, batch, repeats=1, warmup=0, allocator=False).peak_bytes
 
@@ -121,12 +128,23 @@ def test_padded_batch_first_met_under_dispatch_modes_runs_planned() -> None:
     units = units_plan(plan.module)
     assert units is not None and units.forwards
     padded = _batch(64, pad=9)
-    with warnings.catch_warnings():
+    assert model.config.use_cache  # (the config's default: a training call runs without it)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
         warnings.simplefilter("error", RuntimeWarning)  # a unit that falls back fails here
         with FlopCounterMode(display=False) as flops:
-            plan.module(**padded).loss.backward()
+            out = plan.module(**padded)
+            out.loss.backward()
         assert flops.get_total_flops() > 0
-        assert units.planned_calls == len(units.forwards) and units.fallback_calls == 0
+        assert out.past_key_values is None  # (not an empty cache the units never filled)
+        assert [str(w.message) for w in seen].count(_NO_CACHE) == 1, [
+            str(w.message) for w in seen]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (said once)
+        plan.module(**padded).loss.backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert units.planned_calls == 2 * len(units.forwards) and units.fallback_calls == 0
         for p in model.parameters():
             p.grad = None
         # a fresh copy of the plan traces its units inside the tracker: still planned
@@ -262,3 +280,34 @@ class _PadCollator:
             mask[i, :len(r["input_ids"])] = 1
         return {"input_ids": ids, "attention_mask": mask,
                 "labels": ids.masked_fill(mask == 0, -100)}
+
+
+@pytest.mark.slow  # (the compiled fit compiles a few plans: minutes on two cores)
+def test_a_plan_fitted_for_compile_holds_compiled_with_the_configs_cache_on() -> None:
+    """``execution="compiled"`` at 60% on a 4-layer Llama whose config turns the key/value
+    cache on (the default): the whole model compiled afresh and called as users call it (no
+    ``use_cache`` given) measures within the budget (allocator events), every unit call
+    planned. The fit measured the step as profiled, without the cache; before the plan ran
+    its training calls without one, the fresh compiled step measured 4.06 MB against a
+    3.45 MB budget (the model's own code outside the units runs otherwise with it)."""
+    import torch._dynamo as dynamo
+
+    from scheduler.measurement.compiled import compiled_peak
+
+    model = _llama(layers=4)
+    assert model.config.use_cache
+    batch = {k: v for k, v in _batch(128).items() if k != "attention_mask"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = scheduler.solve(model, batch, budget="60%", repeats=1, time_limit_s=10,
+                               execution="compiled")
+    units = units_plan(plan.module)
+    assert units is not None and units.forwards
+    dynamo.reset()
+    before = units.planned_calls
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a unit that falls back fails here
+        peak = compiled_peak(torch.compile(plan.module), batch)
+    assert peak <= plan.budget_bytes, (peak, plan.budget_bytes, plan.compiled_peak_bytes)
+    assert units.planned_calls - before == 3 * len(units.forwards)  # (3 compiled steps)
+    assert units.fallback_calls == 0
