@@ -312,7 +312,7 @@ def test_solve_and_apply_of_its_saved_plan_warn_against_the_budget_after_headroo
     # compiling stood in for: every plan's step "measures" 1 KiB compiled, so the fit keeps
     # the form of the plan replaying no FLOP op
     monkeypatch.setattr(sys.modules["scheduler.plan"], "compile_and_measure",
-                        lambda module, inputs, loss_fn=None: (module, 1024))
+                        lambda module, inputs, loss_fn=None, dynamic=None: (module, 1024))
     plan = scheduler.solve(model, inputs, budget="80%", solver="greedy", repeats=1,
                            execution="compiled", headroom=0.1)
     target = int(plan.budget_bytes * 0.9)

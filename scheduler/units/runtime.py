@@ -32,7 +32,6 @@ gradient_checkpointing=True)``) is refused with one line, since the plan is the 
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from typing import Any, Callable
 
@@ -53,6 +52,7 @@ from ..ir.schedule import Schedule
 from ..regions import CheckpointedStep
 from ..rewrite import MAX_TRACES, check_on_fallback, first_line, report_fallback
 from . import capture
+from .cache import CACHE_KWARGS, NoCacheInTraining
 from .engine import EngineCheck
 from .plans import UnitsPlan, input_shapes
 from .variants import UnitRun, match_ops, renamed, runs_from_meta, unit_op, unit_runs, with_extras
@@ -61,9 +61,6 @@ __all__ = ["UnitForward", "rewrite_units"]
 
 #: how a call says its unit could not be traced (tried again later: it may pass)
 UNTRACED = "the unit could not be traced"
-
-#: keyword arguments holding a key/value cache, dropped in training (Hugging Face's names)
-CACHE_KWARGS = {"use_cache": False, "cache": None, "past_key_values": None, "layer_past": None}
 
 
 def rewrite_units(model: nn.Module, graph: CostGraph, schedule: Schedule, *, tracer: str,
@@ -117,60 +114,6 @@ def rewrite_units(model: nn.Module, graph: CostGraph, schedule: Schedule, *, tra
         if callable(getattr(model, name, None)):
             root.__dict__[name] = _refuse_hf_checkpointing
     return root
-
-
-class NoCacheInTraining:
-    """A forward pre-hook of a units plan's root whose ``forward`` takes ``use_cache``: a
-    training call (module in training mode, gradients on) runs with ``use_cache=False``, as
-    Hugging Face's gradient checkpointing runs it, and as the step was profiled
-    (`units.step.without_cache`). The units drop a cache in training anyway, so the model
-    would return an empty one; but with its cache on, the model's own code outside the units
-    runs otherwise, and under ``torch.compile`` that step measured 4.06 MB against 3.13 MB
-    without it (a tiny Llama planned at 3.45 MB). Said once, at an eager call that asked
-    for the cache (under compile a warning would break the graph). (A class, not a
-    closure, so that the module still pickles.)"""
-
-    def __init__(self, position: int | None) -> None:
-        self.position = position  # (of ``use_cache`` among the positional parameters)
-        self.warned = False
-
-    @staticmethod
-    def applies(root: nn.Module) -> bool:
-        """Whether ``root.forward`` takes ``use_cache`` (by keyword)."""
-        return NoCacheInTraining.position_in(root) is not False
-
-    @staticmethod
-    def position_in(root: nn.Module) -> int | None | bool:
-        """``use_cache``'s index among ``root.forward``'s positional parameters (None: keyword
-        only); False where it takes none."""
-        try:
-            params = list(inspect.signature(root.forward).parameters.values())
-        except (TypeError, ValueError):
-            return False
-        for i, p in enumerate(params):
-            if p.name == "use_cache":
-                return i if p.kind == p.POSITIONAL_OR_KEYWORD else None
-        return False
-
-    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-                 ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        if not (module.training and torch.is_grad_enabled()) or kwargs.get("use_cache") is False:
-            return None
-        if self.position is not None and len(args) > self.position:
-            return None  # (given by position: the units drop the cache, and say so)
-        asked = kwargs.get("use_cache")
-        if asked is None:
-            asked = getattr(getattr(module, "config", None), "use_cache", False)
-        if asked and not self.warned and not torch.compiler.is_compiling():
-            self.warned = True
-            warnings.warn(
-                "the plan runs its training calls with use_cache=False (asked for a cache, "
-                "or the model's config turns it on): its units drop a key/value cache in "
-                "training, as Hugging Face's "
-                "gradient checkpointing does, and the step was planned without one (set "
-                "use_cache=False, or model.config.use_cache = False, to silence this)",
-                UserWarning, stacklevel=2)
-        return args, {**kwargs, "use_cache": False}
 
 
 def _refuse_hf_checkpointing(*args: Any, **kwargs: Any) -> None:
