@@ -34,8 +34,12 @@ class NoCacheInTraining:
 
     @staticmethod
     def applies(root: nn.Module) -> bool:
-        """Whether ``root.forward`` takes ``use_cache`` (by keyword)."""
-        return NoCacheInTraining.position_in(root) is not False
+        """Whether ``root.forward`` takes ``use_cache`` and the model's config turns the cache
+        on (``config.use_cache``): only then is the hook needed, and a module without it
+        compiles as before (with it, a model compiled with ``dynamic=True`` measured two
+        graphs where it had one, no graph break)."""
+        return (NoCacheInTraining.position_in(root) is not False
+                and bool(getattr(getattr(root, "config", None), "use_cache", False)))
 
     @staticmethod
     def position_in(root: nn.Module) -> int | None | bool:
@@ -59,7 +63,9 @@ class NoCacheInTraining:
         asked = kwargs.get("use_cache")
         if asked is None:
             asked = getattr(getattr(module, "config", None), "use_cache", False)
-        if asked and not self.warned and not torch.compiler.is_compiling():
+        if not asked:
+            return None  # (the call as it is runs without a cache)
+        if not self.warned and not torch.compiler.is_compiling():
             self.warned = True
             warnings.warn(
                 "the plan runs its training calls with use_cache=False (asked for a cache, "
