@@ -1,6 +1,7 @@
 """A units plan in training runs without a key/value cache: the keywords that hold one
-(`CACHE_KWARGS`, dropped from a unit's call) and the root's pre-hook that turns
-``use_cache`` off (`NoCacheInTraining`), as Hugging Face's gradient checkpointing does."""
+(`CACHE_KWARGS`, dropped from a unit's call) and, for a plan fitted for compile, the root's
+pre-hook that turns ``use_cache`` off (`NoCacheInTraining`), as Hugging Face's gradient
+checkpointing does."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ CACHE_KWARGS = {"use_cache": False, "cache": None, "past_key_values": None, "lay
 
 
 class NoCacheInTraining:
-    """A forward pre-hook of a units plan's root whose ``forward`` takes ``use_cache``: a
+    """A forward pre-hook of the root of a units plan fitted for ``torch.compile``
+    (``execution="compiled"``: `runtime.rewrite_units` registers it there only) whose
+    ``forward`` takes ``use_cache``: a
     training call (module in training mode, gradients on) runs with ``use_cache=False``, as
     Hugging Face's gradient checkpointing runs it, and as the step was profiled
     (`units.step.without_cache`). The units drop a cache in training anyway, so the model

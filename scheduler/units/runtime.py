@@ -106,7 +106,9 @@ def rewrite_units(model: nn.Module, graph: CostGraph, schedule: Schedule, *, tra
     root.__dict__["_scheduler_units"] = plan
     if inputs is not None:
         root.register_forward_pre_hook(plan.check_shapes, with_kwargs=True)
-    if NoCacheInTraining.applies(root):
+    if schedule.meta.get("execution") == "compiled" and NoCacheInTraining.applies(root):
+        # (a plan fitted for compile was measured compiled without the cache: its calls run
+        # so; an eager plan's step is the same with or without it, eagerly)
         root.register_forward_pre_hook(NoCacheInTraining(NoCacheInTraining.position_in(root)),
                                        with_kwargs=True)
     root.register_forward_pre_hook(EngineCheck(graph.units, schedule.meta.get("parallel")))
