@@ -341,10 +341,10 @@ def compile_and_measure(module: nn.Module, inputs: Any, *,
 
     ``dynamic``: another copy of the same plan (a units plan, whose batches change length),
     compiled with ``dynamic=True`` and measured too; the peak is the larger. Dynamo compiles
-    with dynamic shapes after a second sequence length, and inductor then lays the step's
-    buffers out otherwise (a tiny Llama's plan: 4.06 MB dynamic against 3.22-3.42 MB static).
-    A copy, not ``module`` again: dynamo would reuse the static graph, whose guards the same
-    module and inputs pass."""
+    with dynamic shapes after a second sequence length, and that graph's buffers are
+    inductor's to lay out, not this measurement's to assume (a tiny Llama's plan measured
+    the same both ways, within 4 bytes). A copy, not ``module`` again: dynamo would reuse
+    the static graph, whose guards the same module and inputs pass."""
     limits = {name: max(getattr(dynamo_config, name), 64) for name in (
         "recompile_limit", "accumulated_recompile_limit") if hasattr(dynamo_config, name)}
     with dynamo_config.patch(**limits):

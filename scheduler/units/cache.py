@@ -20,10 +20,10 @@ CACHE_KWARGS = {"use_cache": False, "cache": None, "past_key_values": None, "lay
 
 class NoCacheInTraining:
     """A forward pre-hook of the root of a units plan fitted for ``torch.compile``
-    (``execution="compiled"``: `runtime.rewrite_units` registers it there only) whose
-    ``forward`` takes ``use_cache``: a
-    training call (module in training mode, gradients on) runs with ``use_cache=False``, as
-    Hugging Face's gradient checkpointing runs it, and as the step was profiled
+    (``execution="compiled"``: `runtime.rewrite_units` registers it there only, by `of`)
+    whose ``forward`` takes ``use_cache``: a training call (module in training mode,
+    gradients on) runs with ``use_cache=False``, as Hugging Face's gradient checkpointing
+    runs it, and as the step was profiled and its compiled peak measured
     (`units.step.without_cache`). The units drop a cache in training anyway, so the model
     would return an empty one; but with its cache on, the model's own code outside the units
     runs otherwise, and under ``torch.compile`` that step measured 4.06 MB against 3.13 MB
@@ -36,26 +36,21 @@ class NoCacheInTraining:
         self.warned = False
 
     @staticmethod
-    def applies(root: nn.Module) -> bool:
-        """Whether ``root.forward`` takes ``use_cache`` and the model's config turns the cache
-        on (``config.use_cache``): only then is the hook needed, and a module without it
-        compiles as before (with it, a model compiled with ``dynamic=True`` measured two
-        graphs where it had one, no graph break)."""
-        return (NoCacheInTraining.position_in(root) is not False
-                and bool(getattr(getattr(root, "config", None), "use_cache", False)))
-
-    @staticmethod
-    def position_in(root: nn.Module) -> int | None | bool:
-        """``use_cache``'s index among ``root.forward``'s positional parameters (None: keyword
-        only); False where it takes none."""
+    def of(root: nn.Module) -> "NoCacheInTraining | None":
+        """The hook for ``root``, where its ``forward`` takes ``use_cache`` and the model's
+        config turns the cache on (``config.use_cache``); else None: only then is it needed,
+        and a module without it compiles as before (with it, a model compiled with
+        ``dynamic=True`` measured two graphs where it had one, no graph break)."""
+        if not getattr(getattr(root, "config", None), "use_cache", False):
+            return None
         try:
             params = list(inspect.signature(root.forward).parameters.values())
         except (TypeError, ValueError):
-            return False
+            return None
         for i, p in enumerate(params):
             if p.name == "use_cache":
-                return i if p.kind == p.POSITIONAL_OR_KEYWORD else None
-        return False
+                return NoCacheInTraining(i if p.kind == p.POSITIONAL_OR_KEYWORD else None)
+        return None
 
     def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
                  ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
@@ -73,8 +68,8 @@ class NoCacheInTraining:
             warnings.warn(
                 "the plan runs its training calls with use_cache=False (asked for a cache, "
                 "or the model's config turns it on): its units drop a key/value cache in "
-                "training, as Hugging Face's "
-                "gradient checkpointing does, and the step was planned without one (set "
-                "use_cache=False, or model.config.use_cache = False, to silence this)",
+                "training, as Hugging Face's gradient checkpointing does, and the step was "
+                "planned without one (set use_cache=False, or model.config.use_cache = False, "
+                "to silence this)",
                 UserWarning, stacklevel=2)
         return args, {**kwargs, "use_cache": False}

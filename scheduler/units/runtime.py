@@ -106,11 +106,11 @@ def rewrite_units(model: nn.Module, graph: CostGraph, schedule: Schedule, *, tra
     root.__dict__["_scheduler_units"] = plan
     if inputs is not None:
         root.register_forward_pre_hook(plan.check_shapes, with_kwargs=True)
-    if schedule.meta.get("execution") == "compiled" and NoCacheInTraining.applies(root):
+    no_cache = NoCacheInTraining.of(root)
+    if schedule.meta.get("execution") == "compiled" and no_cache is not None:
         # (a plan fitted for compile was measured compiled without the cache: its calls run
         # so; an eager plan's step is the same with or without it, eagerly)
-        root.register_forward_pre_hook(NoCacheInTraining(NoCacheInTraining.position_in(root)),
-                                       with_kwargs=True)
+        root.register_forward_pre_hook(no_cache, with_kwargs=True)
     root.register_forward_pre_hook(EngineCheck(graph.units, schedule.meta.get("parallel")))
     for name in ("gradient_checkpointing_enable", "activation_checkpointing_enable"):
         if callable(getattr(model, name, None)):
