@@ -27,6 +27,7 @@ from .compiled_fit import (
     compile_and_measure,
     fit_compiled_form,
     warn_unmeasured,
+    watch_compiled_run,
     watch_eager_run,
 )
 from .cost.compiled import check_execution, costs_for
@@ -358,6 +359,7 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
         warn_unmeasured(graph)
         module = build(result)
     watch_eager_run(module, result.schedule)
+    watch_compiled_run(module, result.schedule)
     phases["apply"] = time.perf_counter() - applying
     return Plan(module=module, units=choice,
                 schedule=result.schedule,

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from .capture.calls import call_inputs
 from .capture.profile import trace_without_running
-from .compiled_fit import watch_eager_run
+from .compiled_fit import watch_compiled_run, watch_eager_run
 from .distributed import check_unwrapped
 from .ir.schedule import Schedule, ScheduleError
 from .rewrite import check_on_fallback, rewrite
@@ -64,6 +64,7 @@ def apply(model: nn.Module, schedule: Schedule | str | Path,
     else:
         module = _apply_flat(model, schedule, example_inputs, loss_fn, on_fallback)
     watch_eager_run(module, schedule)
+    watch_compiled_run(module, schedule)
     return module
 
 

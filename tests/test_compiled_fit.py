@@ -20,7 +20,9 @@ from scheduler.budget import InfeasibleBudgetError
 from scheduler.compiled_fit import (
     COMPILED_PEAK,
     CompiledPeakWarning,
+    CompiledRunWarning,
     EagerRunWarning,
+    WarnCompiledRun,
     WarnEagerRun,
     fit_compiled,
     fit_compiled_form,
@@ -29,6 +31,7 @@ from scheduler.cost.compiled_form import flop_saves_meta
 from scheduler.cost.simulate import simulate
 from scheduler.ir.schedule import Schedule
 from scheduler.plan import solve_graph
+from scheduler.quantities import format_bytes
 from scheduler.testing.synthetic import random_graph
 
 GRAPH = random_graph(16, kind="chain", seed=1)
@@ -317,3 +320,45 @@ def test_a_plan_fitted_for_compile_warns_once_when_it_runs_eagerly_and_never_com
     assert all(s in text for s in ("3.00 MiB", "2.00 MiB", "1.00 MiB", "torch.compile(plan.module)",
                                    'execution="eager"')), text
     assert pickle.loads(pickle.dumps(net))(x).shape == (2, 4)  # (the hook pickles)
+
+
+def test_an_eager_plan_compiled_whole_warns_once_with_no_graph_break(monkeypatch) -> None:
+    """A plan solved eagerly, its module compiled whole: said once (after the graph, at its
+    first run; dynamo reorders the call, so no graph break), never eagerly; a plan solved for
+    compiled execution carries no such hook."""
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+
+    from examples.mlp import build
+
+    monkeypatch.setattr("scheduler.compiled_fit._SAID", set())
+    model, inputs = build(batch=128, dim=16, depth=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = scheduler.solve(model, inputs, budget="80%", time_limit_s=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan.module(*inputs).sum().backward()  # (eager: nothing said)
+    dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(plan.module, backend="eager")
+    with pytest.warns(CompiledRunWarning) as caught:
+        for _ in range(3):
+            loss = compiled(*inputs)
+            assert torch.equal(loss, plan.module(*inputs))
+    assert len(caught) == 1 and not counters["graph_break"]
+    assert counters["stats"]["unique_graphs"] == 1  # (nor a recompile when it was said)
+    text = str(caught[0].message)
+    assert 'execution="compiled"' in text and format_bytes(plan.schedule.budget_bytes) in text
+    assert pickle.loads(pickle.dumps(plan.module)) is not None  # (the hook pickles)
+    dynamo.reset()
+    hooks = plan.module._forward_pre_hooks.values()
+    assert sum(isinstance(h, WarnCompiledRun) for h in hooks) == 1
+    module = scheduler.apply(model, plan.schedule, inputs)  # (applied from the schedule too)
+    assert sum(isinstance(h, WarnCompiledRun) for h in module._forward_pre_hooks.values()) == 1
+    compiled_schedule = Schedule(plan.schedule.regions, budget_bytes=plan.budget_bytes,
+                                 meta={"execution": "compiled"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module = scheduler.apply(model, compiled_schedule, inputs)
+    assert not any(isinstance(h, WarnCompiledRun) for h in module._forward_pre_hooks.values())
