@@ -5,7 +5,8 @@
     python benchmarks/peers.py --examples gpt --device cuda --rounds 5   # the race on CUDA
 
 For each example (the GPT example at its default size and at 8 layers, width 256, batch 8 x
-256; Hugging Face GPT-2 from a config with random weights; the U-Net) it builds these
+256; Hugging Face GPT-2 from a config with random weights; the U-Net; a tiny Hugging Face
+Llama, 4 layers, width 64, batch 2 x 128, SDPA attention, `_hf_llama`) it builds these
 training steps, all on one torch thread:
 
 * ``none``: the model as it is; ``every_block``: ``torch.utils.checkpoint`` around each
@@ -101,6 +102,8 @@ EXAMPLES: dict[str, tuple[str, str, dict[str, Any]]] = {
                   dict(n_layer=8, n_embd=256, batch=8, block_size=256)),
     "hf_gpt2": ("HF GPT-2 (random weights)", "examples.hf_gpt2", {}),
     "unet": ("U-Net (default)", "examples.unet", {}),
+    "hf_llama": ("HF Llama (4 layers, 64 wide, batch 2 x 128, random weights)", "_hf_llama",
+                 {}),
 }
 #: ``--quick``: tiny sizes (seconds to profile)
 QUICK: dict[str, dict[str, Any]] = {
@@ -108,6 +111,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "gpt_large": dict(batch=2, block_size=32, n_layer=3, n_head=2, n_embd=32, vocab_size=64),
     "hf_gpt2": dict(batch=2, seq_len=16, n_layer=2, n_head=2, n_embd=32, vocab_size=64),
     "unet": dict(batch=2, channels=3, size=16, base=4, classes=2),
+    "hf_llama": dict(batch=2, seq_len=16, n_layer=2, hidden=32, vocab_size=64),
 }
 COMPILE_BUDGETS = (1.0, 0.8, 0.6, 0.4, 0.2, 0.0)
 #: our plans below compile's lowest peak, as fractions of it
@@ -372,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"got {args.compile_budgets!r}")
     results, parts = [], []
     for key in keys:
-        if key == "hf_gpt2" and importlib.util.find_spec("transformers") is None:
+        if key.startswith("hf_") and importlib.util.find_spec("transformers") is None:
             say(f"{key}: skipped (pip install transformers)")
             parts.append(f"{EXAMPLES[key][0]}: skipped (transformers is not installed)")
             continue

@@ -21,6 +21,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -42,6 +43,12 @@ def build(layers: int) -> torch.nn.Module:
     return model.train()
 
 
+def _answered(result: Any) -> str:
+    """Which solver's schedule it is, and whether it is proven optimal over that solver's own
+    space (`SolveResult.space_optimal`)."""
+    return f"{result.solver}{' (optimal over its space)' if result.space_optimal else ''}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--parallel", default=None,
                     help="plan one rank: ddp or fsdp2:N (default budgets then 20/15/12 GiB)")
+    ap.add_argument("--chain", action="store_true",
+                    help="also solve each budget's graph with the chain DP alone (solvers/chain)")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args(argv)
     if args.budgets is None:
@@ -71,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             if budget == "floor":
                 assert graph is not None
                 fl = scheduler.floor(graph, time_limit_s=args.time_limit)
-                rows.append(("floor", fl.status, "", format_bytes(fl.bytes),
+                rows.append(("floor", "auto", "", fl.status, "", format_bytes(fl.bytes),
                              format_seconds(time.perf_counter() - t0), ""))
                 break
             plan = scheduler.solve(model, batch, budget=budget, mode="fake", units="auto",
@@ -79,16 +88,30 @@ def main(argv: list[str] | None = None) -> int:
                                    time_limit_s=args.time_limit, parallel=args.parallel)
         graph = plan.graph
         gap = "n/a" if plan.gap is None else f"{plan.gap:.1%}"
-        rows.append((budget, plan.status, gap, format_bytes(plan.estimate.peak_bytes),
-                     format_seconds(plan.solve_s), f"+{plan.estimate.overhead:.1%}"))
+        rows.append((budget, "auto", _answered(plan.result), plan.status, gap,
+                     format_bytes(plan.estimate.peak_bytes), format_seconds(plan.solve_s),
+                     f"+{plan.estimate.overhead:.1%}"))
         print(rows[-1], flush=True)
+        if args.chain:  # the chain DP alone, on the same graph and budget
+            t0 = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                res = scheduler.solve_graph(graph, plan.budget_bytes, solver="chain",
+                                            time_limit_s=args.time_limit)
+            took = format_seconds(time.perf_counter() - t0)
+            est = res.estimate
+            rows.append((budget, "chain", _answered(res), res.status,
+                         "n/a" if res.gap is None else f"{res.gap:.1%}",
+                         format_bytes(est.peak_bytes) if est else "-", took,
+                         f"+{est.overhead:.1%}" if est else "-"))
+            print(rows[-1], flush=True)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     rank = f"one rank of {graph.meta['parallel']}, " if args.parallel else ""
     lines = [f"Llama-3-8B shapes, {args.layers} layers, sequence {args.seq}, bf16, meta device, "
              f"{rank}fake profile, units='auto', roofline h100 times; time limit "
              f"{args.time_limit} s; process peak RSS {format_bytes(rss)}",
-             "", "| budget | status | gap | predicted peak | solve | overhead |",
-             "|---|---|---|---|---|---|"]
+             "", "| budget | solver | answered by | status | gap | predicted peak | solve | "
+             "overhead |", "|---|---|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     section = "units_8b" if args.layers == 32 else f"units_8b_{args.layers}l"
     if args.parallel:
