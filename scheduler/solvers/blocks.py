@@ -34,6 +34,7 @@ from itertools import pairwise
 from statistics import median
 
 from ..ir.graph import CostGraph
+from .base import graph_cache
 from .dp import chain_cuts
 
 __all__ = [
@@ -115,7 +116,8 @@ def stage_signature(graph: CostGraph, start: int, stop: int,
     ``fixed``: nodes that, outside the stage, are named as themselves, not by position (the
     producers of storages `pinning` holds to the end in every schedule, which every block
     reads)."""
-    names = graph.compute_nodes[start:stop]
+    compute, steps_of = _layout(graph)
+    names = compute[start:stop]
     first = graph.index(names[0])
     inside = set(names)
 
@@ -141,19 +143,36 @@ def stage_signature(graph: CostGraph, start: int, stop: int,
                       n.sac_s is None, tuple(map(rel, n.inputs)),
                       tuple((source(s.source), s.bytes) for s in n.saved), tuple(events)))
     ids: dict[int, int] = {}
-    for step in graph.bwd_steps:
-        if step.node in inside:
-            evs = tuple((k, ids.setdefault(gid, len(ids)) if k == "a" else ids.get(gid, -1), b)
-                        for k, gid, b in step.events)
-            parts.append(("bwd", rel(step.node), evs))
+    for step in _steps_in(graph, steps_of, names):
+        evs = tuple((k, ids.setdefault(gid, len(ids)) if k == "a" else ids.get(gid, -1), b)
+                    for k, gid, b in step.events)
+        parts.append(("bwd", rel(step.node), evs))
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
+def _layout(graph: CostGraph) -> tuple[list[str], dict[str, list[int]]]:
+    """``graph.compute_nodes`` and, per node, the indices of its backward steps, computed once
+    per graph (`base.graph_cache`): stages are hashed by the hundred on deep graphs."""
+    cache = graph_cache(graph, "blocks layout")
+    if "layout" not in cache:
+        steps_of: dict[str, list[int]] = {}
+        for i, step in enumerate(graph.bwd_steps):
+            if step.node:
+                steps_of.setdefault(step.node, []).append(i)
+        cache["layout"] = (graph.compute_nodes, steps_of)
+    return cache["layout"]
+
+
+def _steps_in(graph: CostGraph, steps_of: dict[str, list[int]], names: list[str]) -> list:
+    """The backward steps of nodes ``names``, in the graph's order."""
+    return [graph.bwd_steps[i] for i in sorted(i for x in names for i in steps_of.get(x, ()))]
+
+
 def _times(graph: CostGraph, start: int, stop: int) -> list[float]:
-    names = graph.compute_nodes[start:stop]
-    inside = set(names)
+    compute, steps_of = _layout(graph)
+    names = compute[start:stop]
     return ([graph.node(x).time_s for x in names]
-            + [s.time_s for s in graph.bwd_steps if s.node in inside])
+            + [s.time_s for s in _steps_in(graph, steps_of, names)])
 
 
 def _close(t: float, med: float) -> bool:

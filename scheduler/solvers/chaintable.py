@@ -311,12 +311,25 @@ def _save_sets(graph: CostGraph, calls: list[tuple[int, int]], x: int, y: int,
     """Save sets of a recompute region over relative positions ``[x, y)`` of a kind's calls,
     as positions relative to a call's start: none, its slowest allocating node, ..., its
     ``top`` slowest, by the kind's median time (ties by position)."""
-    names = graph.compute_nodes
-    a0 = calls[0][0]
-    ranked = sorted((-median(graph.node(names[a + off]).time_s for a, _ in calls), off)
-                    for off in range(x, y) if graph.allocates(names[a0 + off]))
+    times = _kind_times(graph, calls)
+    ranked = sorted((-times[off], off) for off in range(x, y) if times[off] is not None)
     offs = [off for _, off in ranked[:top]]
     return [tuple(offs[:k]) for k in range(len(offs) + 1)]
+
+
+def _kind_times(graph: CostGraph, calls: list[tuple[int, int]]) -> list[float | None]:
+    """Per position relative to a call's start: the median time over ``calls`` of the node
+    there, None where the node allocates nothing (no save set holds it); once per kind
+    (`base.graph_cache`)."""
+    cache = graph_cache(graph, "chain kind times")
+    key = tuple(calls)
+    if key not in cache:
+        names = graph.compute_nodes
+        a0, b0 = calls[0]
+        cache[key] = [median(graph.node(names[a + off]).time_s for a, _ in calls)
+                      if graph.allocates(names[a0 + off]) else None
+                      for off in range(b0 - a0)]
+    return cache[key]
 
 
 def table_of(graph: CostGraph, *, save_top: int = SolverConfig.save_top) -> ChainTable:
