@@ -105,6 +105,11 @@ def _say_compiled(message: str) -> None:
         warnings.warn(message, CompiledRunWarning, stacklevel=2)
 
 
+# (at import, not in the hook's __init__: a hook unpickled in another process imports this
+# module, and its call must stay reordered there too)
+dynamo_config.reorderable_logging_functions.add(_say_compiled)
+
+
 class WarnCompiledRun:
     """A forward pre-hook for the module of a plan solved for eager execution: when the
     module runs inside ``torch.compile`` (the whole model compiled: ``torch.compile(
@@ -120,7 +125,6 @@ class WarnCompiledRun:
             f"eager plan at 60% measured 0.91-1.04x its budget compiled). To train compiled "
             f"within the budget, solve with execution=\"compiled\" (its compiled step "
             f"measured)")
-        dynamo_config.reorderable_logging_functions.add(_say_compiled)
 
     def __call__(self, module: nn.Module, args: Any) -> None:
         if torch.compiler.is_compiling():
