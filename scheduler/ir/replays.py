@@ -86,11 +86,20 @@ def unit_calls(graph: CostGraph) -> list[tuple[str, int, int]]:
     unit's or inside it. Empty for a whole-graph plan."""
     if not graph.units:
         return []
-    units = sorted(graph.units, key=len, reverse=True)
+    units = set(graph.units)
+    memo: dict[str, str | None] = {}
+
+    def unit_of(path: str) -> str | None:  # (the longest unit path that is a dotted prefix)
+        if path not in memo:
+            parts = path.split(".")
+            memo[path] = next((p for p in (".".join(parts[:k])
+                                           for k in range(len(parts), 0, -1)) if p in units),
+                              None)
+        return memo[path]
+
     out: list[tuple[str, int, int]] = []
     for i, name in enumerate(graph.compute_nodes):
-        path = graph.nodes[graph.index(name)].module_path
-        unit = next((u for u in units if path == u or path.startswith(u + ".")), None)
+        unit = unit_of(graph.nodes[graph.index(name)].module_path)
         if unit is None:
             continue
         if out and out[-1][0] == unit and out[-1][2] == i:

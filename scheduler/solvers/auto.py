@@ -108,6 +108,11 @@ def _auto(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
             if not better:
                 return replace(chained,
                                solve_s=time.perf_counter() - started)
+        if chained.fits and short():
+            # (the chain, which no clock stops, took what the limit left for the rest: its
+            # schedule, as it is; on a deep graph the rest would start past the deadline)
+            return replace(certify(graph, chained, time_limit_s=0.0, config=config),
+                           solve_s=time.perf_counter() - started)
     if budget_bytes < universal_bound(graph):
         # proven: no schedule at all fits (`floor.universal_bound`); the floor gets the limit
         return infeasible(floor(graph, time_limit_s=time_limit_s, config=config))

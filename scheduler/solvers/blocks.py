@@ -110,13 +110,14 @@ def _normal(text: str) -> str:
 
 
 def stage_signature(graph: CostGraph, start: int, stop: int,
-                    fixed: frozenset[str] = frozenset()) -> str:
+                    fixed: frozenset[str] = frozenset(), *,
+                    layout: tuple[list[str], dict[str, list[int]]] | None = None) -> str:
     """The exact structural hash of compute nodes ``[start, stop)`` (see the module
     docstring): equal for stages the simulator cannot tell apart but by their times.
     ``fixed``: nodes that, outside the stage, are named as themselves, not by position (the
     producers of storages `pinning` holds to the end in every schedule, which every block
-    reads)."""
-    compute, steps_of = _layout(graph)
+    reads). ``layout``: `graph_layout` of the graph, where the caller hashes many stages."""
+    compute, steps_of = layout or graph_layout(graph)
     names = compute[start:stop]
     first = graph.index(names[0])
     inside = set(names)
@@ -150,7 +151,7 @@ def stage_signature(graph: CostGraph, start: int, stop: int,
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
-def _layout(graph: CostGraph) -> tuple[list[str], dict[str, list[int]]]:
+def graph_layout(graph: CostGraph) -> tuple[list[str], dict[str, list[int]]]:
     """``graph.compute_nodes`` and, per node, the indices of its backward steps, computed once
     per graph (`base.graph_cache`): stages are hashed by the hundred on deep graphs."""
     cache = graph_cache(graph, "blocks layout")
@@ -168,8 +169,9 @@ def _steps_in(graph: CostGraph, steps_of: dict[str, list[int]], names: list[str]
     return [graph.bwd_steps[i] for i in sorted(i for x in names for i in steps_of.get(x, ()))]
 
 
-def _times(graph: CostGraph, start: int, stop: int) -> list[float]:
-    compute, steps_of = _layout(graph)
+def _times(graph: CostGraph, start: int, stop: int, *,
+           layout: tuple[list[str], dict[str, list[int]]] | None = None) -> list[float]:
+    compute, steps_of = layout or graph_layout(graph)
     names = compute[start:stop]
     return ([graph.node(x).time_s for x in names]
             + [s.time_s for s in _steps_in(graph, steps_of, names)])
@@ -218,7 +220,8 @@ def find_blocks(graph: CostGraph, *, fine: bool = False,
                  if lo <= a and b <= hi]
     else:
         pieces = _pairs(pts)
-        found = _periodic([stage_signature(graph, a, b, fixed) for a, b in pieces])
+        at = graph_layout(graph)
+        found = _periodic([stage_signature(graph, a, b, fixed, layout=at) for a, b in pieces])
         if found is None:
             roles = [(a, b, BLOCK) for a, b in pieces]
             lo, hi = 0, n
@@ -245,13 +248,15 @@ def _kinds(graph: CostGraph, stages: list[tuple[int, int, str]],
     """Stages with kinds: blocks by signature, split where a time leaves the tolerance;
     every other stage a kind of its own."""
     groups: dict[str, list[int]] = {}
+    at = graph_layout(graph)
     for i, (a, b, role) in enumerate(stages):
-        key = stage_signature(graph, a, b, fixed) if role == BLOCK else f"{role}:{i}"
+        key = (stage_signature(graph, a, b, fixed, layout=at) if role == BLOCK
+               else f"{role}:{i}")
         groups.setdefault(key, []).append(i)
     kind = [0] * len(stages)
     next_kind = 0
     for members in groups.values():
-        times = [_times(graph, *stages[i][:2]) for i in members]
+        times = [_times(graph, *stages[i][:2], layout=at) for i in members]
         meds = [median(col) for col in zip(*times)]
         fits = [i for i, t in zip(members, times) if all(map(_close, t, meds))]
         for i in members:

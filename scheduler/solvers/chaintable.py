@@ -15,7 +15,7 @@ from ..ir.graph import CostGraph
 from ..ir.replays import recompute_limits, unit_calls
 from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule
 from .base import graph_cache
-from .blocks import stage_signature
+from .blocks import graph_layout, stage_signature
 from .config import SolverConfig
 
 __all__ = ["ChainTable", "Entry", "State", "applies", "table_of", "unit_cuts"]
@@ -127,7 +127,8 @@ class ChainTable:
         self.calls = [(a, b) for _, a, b in calls]
         inside = {i for a, b in self.calls for i in range(a, b)}
         fixed = frozenset(names[i] for i in range(n) if i not in inside)
-        sigs = [(b - a, stage_signature(graph, a, b, fixed)) for a, b in self.calls]
+        at = graph_layout(graph)
+        sigs = [(b - a, stage_signature(graph, a, b, fixed, layout=at)) for a, b in self.calls]
         kind_of: dict[tuple, int] = {}
         self.kinds = [kind_of.setdefault(s, len(kind_of)) for s in sigs]
         members: dict[int, list[int]] = defaultdict(list)
