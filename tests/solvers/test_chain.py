@@ -125,6 +125,29 @@ def test_auto_answers_with_chain_where_asked_and_is_never_worse() -> None:
     assert d.fits and d.estimate.recompute_s <= alone.estimate.recompute_s * (1 + 1e-9)
 
 
+def test_auto_past_its_deadline_answers_the_chains_schedule_and_runs_nothing_else(
+        monkeypatch) -> None:
+    """Where the chain (which no clock stops) leaves none of the limit, auto answers its
+    schedule at once: no other solver starts past the deadline (on 126 Llama-3-8B-shaped
+    layers the rest ran seconds past it)."""
+    import scheduler.solvers.auto as auto_module
+
+    g = _llama()
+    least = _least(g)
+    budget = least + (_kept(g) - least) // 2
+    alone = chain(g, budget)
+    real = auto_module.get_solver
+
+    def only_chain(name: str):
+        assert name == "chain", f"{name} ran past the deadline"
+        return real(name)
+
+    monkeypatch.setattr(auto_module, "get_solver", only_chain)
+    r = get_solver("auto")(g, budget, time_limit_s=1e-9)
+    assert r.solver == "chain" and r.fits
+    assert r.schedule.regions == alone.schedule.regions
+
+
 def test_needs_units() -> None:
     with pytest.raises(ValueError, match="units"):
         chain(random_graph(6, seed=0), 10**9)
