@@ -27,8 +27,6 @@ from .compiled_fit import (
     compile_and_measure,
     fit_compiled_form,
     warn_unmeasured,
-    watch_compiled_run,
-    watch_eager_run,
 )
 from .cost.compiled import check_execution, costs_for
 from .cost.compiled_form import compiled_form
@@ -41,6 +39,7 @@ from .plan_result import Plan
 from .profiling import profile
 from .reapply import apply
 from .rewrite import check_on_fallback
+from .run_watch import watch_compiled_run, watch_eager_run
 from .solvers.base import INFEASIBLE, SolveResult, get_solver
 from .solvers.chain import applies as chain_applies
 from .solvers.deadline import within
@@ -244,7 +243,7 @@ def solve(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *
             holds for the eager step's predicted peak (a `compiled_fit.CompiledPeakWarning`
             says so unless False). A plan measured within the budget compiled whose eager
             step is predicted over it (after ``headroom``) warns once at its module's first
-            call outside ``torch.compile`` (`compiled_fit.EagerRunWarning`).
+            call outside ``torch.compile`` (`run_watch.EagerRunWarning`).
 
     Returns:
         A `Plan`: ``plan.module``, ``plan.estimate``, ``plan.status``, ``plan.save(path)``.

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from .capture.calls import call_inputs
 from .capture.profile import trace_without_running
-from .compiled_fit import watch_compiled_run, watch_eager_run
+from .run_watch import watch_compiled_run, watch_eager_run
 from .distributed import check_unwrapped
 from .ir.schedule import Schedule, ScheduleError
 from .rewrite import check_on_fallback, rewrite
@@ -47,7 +47,7 @@ def apply(model: nn.Module, schedule: Schedule | str | Path,
             structure or input shapes differ (the message says which).
 
     Warns:
-        compiled_fit.EagerRunWarning: at the module's first call outside ``torch.compile``,
+        run_watch.EagerRunWarning: at the module's first call outside ``torch.compile``,
             where the schedule is for compiled execution and its saved estimate's peak is over
             its budget (it was fitted by the compiled step's measured peak).
         UserWarning: a schedule without a fingerprint is applied at other input shapes than

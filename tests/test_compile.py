@@ -28,7 +28,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from torch.utils.flop_counter import flop_registry
 
 import scheduler
-from scheduler.compiled_fit import EagerRunWarning
+from scheduler.run_watch import EagerRunWarning
 from scheduler.cost.compiled_form import compiled_form, flop_saves
 from scheduler.ir.schedule import KEEP, RECOMPUTE, Schedule
 from scheduler.measurement.compiled import compiled_peak

@@ -17,7 +17,8 @@ from conftest import budget_bytes, unscheduled_peak
 import scheduler
 import scheduler.capture.profile
 from scheduler import InfeasibleBudgetError, Plan, parse_budget, solve_graph
-from scheduler.compiled_fit import COMPILED_PEAK, EagerRunWarning
+from scheduler.compiled_fit import COMPILED_PEAK
+from scheduler.run_watch import EagerRunWarning
 from scheduler.cost.simulate import simulate
 from scheduler.ir.schedule import Schedule
 from scheduler.solvers import (
