@@ -34,7 +34,8 @@ __all__ = ["CheckpointedStep"]
 class CheckpointedStep:
     """The model part of a traced step with ``schedule`` applied, as generated code
     (`executor.generate`); ``root`` is the module that stands for the traced model at run
-    time (`capture.program.Program`).
+    time (`capture.program.Program`); ``like``: the program of an identical unit's trace whose
+    graph ``gm`` is (`units.share`).
 
     Attributes:
         prog: the traced step (`capture.program.Program`).
@@ -47,10 +48,12 @@ class CheckpointedStep:
             or a recompute region would replay a value written in place after it.
     """
 
-    def __init__(self, gm: fx.GraphModule, schedule: Schedule, root: nn.Module | None = None):
+    def __init__(self, gm: fx.GraphModule, schedule: Schedule, root: nn.Module | None = None,
+                 *, like: Program | None = None):
         # (attributes are read from ``root``, the planned module, at each run: what a wrapper
-        # such as FSDP2's fully_shard swaps in is what the step uses)
-        self.prog = Program(gm, root=root)
+        # such as FSDP2's fully_shard swaps in is what the step uses; ``like``: an identical
+        # module's program, whose graph ``gm`` is, `Program`)
+        self.prog = Program(gm, root=root, like=like)
         self.schedule = schedule
         self.regions = _plan(self.prog, schedule)
         self.code = generate(self.prog, self.regions)

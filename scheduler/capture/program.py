@@ -38,17 +38,30 @@ class Program:
             read as ``root.<path>`` wherever ``root`` holds, at construction, the very object
             the graph was traced with; other attributes (and all of them without a ``root``)
             are read from ``gm``.
+        like: the program of an identical module's trace (`units.share`), whose ``gm``
+            this one is: its attributes are read from ``root`` where ``like``'s are read
+            from its own (``root`` must hold them: AttributeError where it does not).
     """
 
-    def __init__(self, gm: fx.GraphModule, root: nn.Module | None = None):
-        self._attr_paths = {n.name: _attr_path(gm, root, n.target)
-                            for n in gm.graph.nodes if n.op == "get_attr"}
-        live = {n.target for n in gm.graph.nodes
-                if n.op == "get_attr" and self._attr_paths[n.name][0] is root}
-        if live:  # (``gm`` would keep the traced objects alive: a copy that does not)
-            gm = _without(gm, live)
-            self._attr_paths = {k: v if v[0] is root else (gm, v[1])
-                                for k, v in self._attr_paths.items()}
+    def __init__(self, gm: fx.GraphModule, root: nn.Module | None = None, *,
+                 like: "Program | None" = None):
+        if like is not None:
+            assert root is not None and gm is like.gm
+            if any(n.op == "call_module" for n in gm.graph.nodes):  # (``root``'s modules)
+                gm = _without(gm, set(), modules_from=root)
+            self._attr_paths = {k: (gm, p) if b is like.gm else (root, p)
+                                for k, (b, p) in like._attr_paths.items()}
+            for base, parts in self._attr_paths.values():
+                _walk(base, parts)  # (raises where ``root`` lacks one)
+        else:
+            self._attr_paths = {n.name: _attr_path(gm, root, n.target)
+                                for n in gm.graph.nodes if n.op == "get_attr"}
+            live = {n.target for n in gm.graph.nodes
+                    if n.op == "get_attr" and self._attr_paths[n.name][0] is root}
+            if live:  # (``gm`` would keep the traced objects alive: a copy that does not)
+                gm = _without(gm, live)
+                self._attr_paths = {k: v if v[0] is root else (gm, v[1])
+                                    for k, v in self._attr_paths.items()}
         self.gm = gm
         self.info: TraceInfo = gm.meta["scheduler"]
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -164,11 +177,14 @@ def _walk(obj: Any, parts: tuple[str, ...]) -> Any:
     return obj
 
 
-def _without(gm: fx.GraphModule, live: set[str]) -> fx.GraphModule:
+def _without(gm: fx.GraphModule, live: set[str], modules_from: nn.Module | None = None
+             ) -> fx.GraphModule:
     """A copy of ``gm`` (graph, node names and metadata) that holds none of the ``live``
     attributes, which are read from the planned module at every run (a placeholder on the
     meta device stands for each): so that what the graph was traced with (the parameters
-    before ``fully_shard`` swapped its shards in) is not kept alive by the plan."""
+    before ``fully_shard`` swapped its shards in) is not kept alive by the plan. With
+    ``modules_from``, the modules it calls (``call_module``, fx leaves) are that module's at
+    the same paths (`Program`'s ``like``)."""
     holder = nn.Module()
     made = {id(holder)}  # (modules of its own: a module of the user's is never written to)
     for n in gm.graph.nodes:
@@ -182,8 +198,13 @@ def _without(gm: fx.GraphModule, live: set[str]) -> fx.GraphModule:
                 owner = getattr(owner, part)
             if id(owner) not in made:
                 continue  # (inside a module the graph calls: the user's, read live already)
-            value = (torch.empty(0, device="meta") if n.target in live
-                     else _walk(gm, (*prefix, field)))
+            if n.target in live:
+                value = torch.empty(0, device="meta")
+            elif (n.op == "call_module" and modules_from is not None and prefix
+                  and prefix[0] == MODEL_ATTR):
+                value = _walk(modules_from, tuple(prefix[1:]) + (field,))
+            else:
+                value = _walk(gm, (*prefix, field))
             if isinstance(value, nn.Module):
                 owner.add_module(field, value)
             elif isinstance(value, torch.Tensor):

@@ -12,10 +12,27 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-__all__ = ["CACHE_KWARGS", "NoCacheInTraining"]
+__all__ = ["CACHE_KWARGS", "NoCacheInTraining", "without_cache"]
 
 #: keyword arguments holding a key/value cache, dropped in training (Hugging Face's names)
 CACHE_KWARGS = {"use_cache": False, "cache": None, "past_key_values": None, "layer_past": None}
+
+
+def without_cache(kwargs: dict[str, Any], path: str, once: set[str]) -> dict[str, Any]:
+    """A training call's keywords to unit ``path`` without a key/value cache (`CACHE_KWARGS`),
+    said once per plan (``once``: the plan's warnings said so far) where one was passed."""
+    dropped = [k for k in CACHE_KWARGS if kwargs.get(k) not in (None, False)]
+    if not dropped:
+        return kwargs
+    if "cache" not in once and not torch.compiler.is_compiling():
+        # (not under compile: a warning breaks the graph; eager calls say it)
+        once.add("cache")
+        warnings.warn(
+            f"the plan's units (first {path!r}) were called with a key/value cache in "
+            f"training ({', '.join(dropped)}); the plan runs them without one, as Hugging "
+            "Face's gradient checkpointing does (set use_cache=False to silence this)",
+            UserWarning, stacklevel=3)
+    return {k: (CACHE_KWARGS[k] if k in dropped else v) for k, v in kwargs.items()}
 
 
 class NoCacheInTraining:

@@ -32,18 +32,15 @@ gradient_checkpointing=True)``) is refused with one line, since the plan is the 
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable
 
 import torch
 import torch.nn as nn
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import _disable_current_modes
 
 from ..capture.calls import autocast_state, constant_key, input_specs, module_copy
 from ..capture.fingerprint import target_str
-from ..capture.trace import model_nodes, trace
-from ..capture.usercode import UserCodeWarning
+from ..capture.trace import model_nodes
 from ..cost.compiled_form import flop_saves_meta
 from ..ir.graph import CostGraph
 from ..ir.region import Region, ScheduleError
@@ -52,9 +49,10 @@ from ..ir.schedule import Schedule
 from ..regions import CheckpointedStep
 from ..rewrite import MAX_TRACES, check_on_fallback, first_line, report_fallback
 from . import capture
-from .cache import CACHE_KWARGS, NoCacheInTraining
+from .cache import NoCacheInTraining, without_cache
 from .engine import EngineCheck
 from .plans import UnitsPlan, input_shapes
+from .share import SharedTraces, kind
 from .variants import UnitRun, match_ops, renamed, runs_from_meta, unit_op, unit_runs, with_extras
 
 __all__ = ["UnitForward", "rewrite_units"]
@@ -87,6 +85,7 @@ def rewrite_units(model: nn.Module, graph: CostGraph, schedule: Schedule, *, tra
     copies: dict[str, nn.Module] = {"": root}
     forwards: dict[str, UnitForward] = {}
     once: set[str] = set()  # warnings said once for the whole plan
+    shared = SharedTraces()  # one trace per kind of unit and call signature (`share`)
     for path, at_calls in runs.items():
         variants = tuple(others.get(path, ()))
         if not any(r.recomputes for r in (at_calls[0], *variants)):
@@ -98,7 +97,7 @@ def rewrite_units(model: nn.Module, graph: CostGraph, schedule: Schedule, *, tra
                 "(units=...)")
         unit = _copy_path(copies, path)
         fwd = UnitForward(unit, at_calls[0], tracer, path=path, on_fallback=on_fallback,
-                          once=once, variants=variants)
+                          once=once, variants=variants, shared=shared)
         unit.__dict__["forward"] = fwd
         forwards[path] = fwd
     plan = UnitsPlan(schedule, why, forwards, loss_fn,
@@ -189,7 +188,7 @@ class UnitForward:
 
     def __init__(self, unit: nn.Module, run: UnitRun, tracer: str, *, path: str,
                  on_fallback: str = "warn", once: set[str] | None = None,
-                 variants: tuple[UnitRun, ...] = ()):
+                 variants: tuple[UnitRun, ...] = (), shared: SharedTraces | None = None):
         self.module, self.run, self.variants, self.tracer = unit, run, variants, tracer
         self.regions, self.ops, self.flop_saves = run.regions, run.ops, run.flop_saves
         self.path = path
@@ -204,6 +203,9 @@ class UnitForward:
         self._untraced: dict[Any, int] = {}  # per key: unplanned calls for want of a trace
         self._warned: set[str] = set()
         self._once = once if once is not None else set()  # shared by the plan's units
+        self._shared = shared if shared is not None else SharedTraces()  # (`share`)
+        self._kind = kind(unit, self.base)
+        self._shared.join(self._kind)
         self._planned = self._fallen = 0  # eager calls; calls inside compiled code in:
         self._counted = torch.zeros(2, dtype=torch.int64)
         self.on_fallback = check_on_fallback(on_fallback)
@@ -255,7 +257,7 @@ class UnitForward:
             return self.own(*args, **kwargs)
         if getattr(self.module, "gradient_checkpointing", False):
             _refuse_hf_checkpointing()
-        kwargs = self._without_cache(kwargs)
+        kwargs = without_cache(kwargs, self.path, self._once)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         tensors = tuple(x for x in leaves if isinstance(x, torch.Tensor))
         consts = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
@@ -294,21 +296,6 @@ class UnitForward:
         capture.replay(collector, self._where[key], extra)
         return out
 
-    def _without_cache(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        dropped = [k for k in CACHE_KWARGS if kwargs.get(k) not in (None, False)]
-        if not dropped:
-            return kwargs
-        if "cache" not in self._once and not torch.compiler.is_compiling():
-            # (not under compile: a warning breaks the graph; eager calls say it)
-            self._once.add("cache")
-            warnings.warn(
-                f"the plan's units (first {self.path!r}) were called with a key/value cache "
-                f"in training ({', '.join(dropped)}); the plan runs them without one, as "
-                "Hugging Face's gradient checkpointing does (set use_cache=False to silence "
-                "this)",
-                UserWarning, stacklevel=3)
-        return {k: (CACHE_KWARGS[k] if k in dropped else v) for k, v in kwargs.items()}
-
     def _new_step(self, base: Any, key: Any, spec: Any, consts: tuple[Any, ...],
                   tensors: tuple[torch.Tensor, ...], collector: dict[str, Any] | None
                   ) -> tuple[Any, CheckpointedStep | str]:
@@ -335,17 +322,17 @@ class UnitForward:
                dynamic: bool) -> CheckpointedStep | str:
         forward = self.base if not self._bound else (lambda unit, *a, **k: self.base(*a, **k))
         call = _UnitCall(self.module, forward, spec, consts, collector)
+        # (a sibling of the same kind that traced this signature and ran the same ops: its
+        # trace, read with this unit's parameters, `share`)
+        skey = (self._kind, key, dynamic) if self._kind is not None else None
         try:
-            # (the user's dispatch modes, a memory tracker or a FLOP counter around the step,
-            # do not see the trace: they would read the tracer's fake tensors' storage)
-            with warnings.catch_warnings(), _disable_current_modes():
-                warnings.simplefilter("ignore", UserCodeWarning)  # (said when profiled)
-                gm = trace(call, tensors, tracer=self.tracer, dynamic=dynamic)
+            gm, captured, like = self._shared.graph(skey, call, self.module, tensors,
+                                                    tracer=self.tracer, dynamic=dynamic)
         except RuntimeError as e:
             return f"{UNTRACED} at this call ({first_line(e)})"
         finally:
             call.collector = None  # (the user's: not kept)
-        self._where[key] = call.where
+        self._where[key] = captured
         info = gm.meta["scheduler"]
         sizes = tuple(n for n in info.size_nodes if n not in info.loss_nodes)
         nodes = [n for n in model_nodes(gm) if n.name not in info.loss_nodes
@@ -377,9 +364,12 @@ class UnitForward:
             regions = with_extras([renamed(r, rel) for r in run.regions], before, pending)
             schedule = Schedule(first + regions,
                                 meta=flop_saves_meta(rel[n] for n in run.flop_saves))
-            return CheckpointedStep(gm, schedule, root=call)
+            step = CheckpointedStep(gm, schedule, root=call, like=like)
         except ScheduleError as e:
             return f"the unit's regions do not run at this call ({first_line(e)})"
+        if like is None and self._shared.siblings(self._kind):
+            self._shared.add(skey, step.prog, call, self.module, tensors, captured)
+        return step
 
     def _fall_back(self, why: str) -> None:
         if torch.compiler.is_compiling():
