@@ -98,3 +98,36 @@ def test_a_shared_trace_reads_each_units_own_parameters_after_they_change() -> N
         for i, layer in enumerate(model.layers):
             layer.fc1.weight.mul_(1.0 + 0.1 * i)
     _same_step(model, plan.module, x)
+
+
+def test_hugging_face_layers_of_two_attention_types_share_within_their_ops() -> None:
+    """A Hugging Face Qwen3 whose layers 2 and 3 use sliding-window attention (the layers
+    differ by ``layer_idx`` only, and are handed the mask of their type): planned in units,
+    its step equals the unmodified model's, with traces shared (exported by ``torch.export``,
+    parameters read as attributes)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Qwen3Config(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+        use_cache=False, use_sliding_window=True, sliding_window=16, max_window_layers=2)
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(cfg).train()
+    assert model.config.layer_types == ["full_attention"] * 2 + ["sliding_attention"] * 2
+    ids = torch.randint(0, 128, (2, 64), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "labels": ids}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = scheduler.solve(model, batch, budget=0.9, solver="every_block")
+    forwards = list(units_plan(plan.module).forwards.values())
+    assert len(forwards) == 4 and forwards[0]._shared.shared > 0
+    ref = copy.deepcopy(model)
+    torch.manual_seed(1)
+    want = ref(**batch).loss
+    want.backward()
+    torch.manual_seed(1)
+    got = plan.module(**batch).loss
+    got.backward()
+    assert torch.equal(want, got)
+    for (name, a), b in zip(ref.named_parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad), name
+    assert units_plan(plan.module).fallback_calls == 0

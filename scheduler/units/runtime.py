@@ -326,8 +326,8 @@ class UnitForward:
         # trace, read with this unit's parameters, `share`)
         skey = (self._kind, key, dynamic) if self._kind is not None else None
         try:
-            gm, captured, like = self._shared.graph(skey, call, self.module, tensors,
-                                                    tracer=self.tracer, dynamic=dynamic)
+            gm, captured, like, ops = self._shared.graph(skey, call, self.module, tensors,
+                                                         tracer=self.tracer, dynamic=dynamic)
         except RuntimeError as e:
             return f"{UNTRACED} at this call ({first_line(e)})"
         finally:
@@ -367,8 +367,7 @@ class UnitForward:
             step = CheckpointedStep(gm, schedule, root=call, like=like)
         except ScheduleError as e:
             return f"the unit's regions do not run at this call ({first_line(e)})"
-        if like is None and self._shared.siblings(self._kind):
-            self._shared.add(skey, step.prog, call, self.module, tensors, captured)
+        self._shared.add(skey, step.prog, ops, captured)
         return step
 
     def _fall_back(self, why: str) -> None:

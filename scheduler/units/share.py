@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from ..capture.program import Program
 from ..capture.trace import preserved_state, trace
-from ..capture.usercode import UserCodeWarning
+from ..capture.usercode import UserCodeWarning, is_library_hook
 
 __all__ = ["ENABLED", "Record", "SharedTraces", "kind", "record"]
 
@@ -53,14 +53,17 @@ Record = tuple[tuple[str, str, tuple[Any, ...]], ...]
 def kind(unit: nn.Module, forward: Callable[..., Any]) -> tuple | None:
     """What two units must share to be compared at all: their module classes, parameter and
     buffer names, shapes and dtypes, and their ``forward`` function; None (never shared)
-    where a module below the unit has hooks (its trace does not run them) or ``forward`` is
-    not a plain function or method."""
+    where a module below the unit has hooks (they may do per module what a record does not
+    show), but transformers' output capture (`capture.usercode.LIBRARY_HOOKS`, whose
+    appends a trace returns and `lookup` compares), or ``forward`` is not a plain function
+    or method."""
     func = getattr(forward, "__func__", forward)
     if not hasattr(func, "__code__"):
         return None
     mods = []
     for name, m in unit.named_modules():
-        if name and (m._forward_hooks or m._forward_pre_hooks):
+        hooks = (*m._forward_hooks.values(), *m._forward_pre_hooks.values())
+        if name and not all(is_library_hook(h) for h in hooks):
             return None
         mods.append((name, type(m)))
     tensors = tuple((n, tuple(t.shape), t.dtype, type(t))
@@ -166,31 +169,36 @@ class SharedTraces:
         got = self._traced.get(key) if key is not None else None
         if got is None or _recorded(call, unit, tensors) != got.record:
             return None
+        if call.where != got.where:  # (what output-capture hooks appended, and where)
+            return None
         self.shared += 1
         return got.prog, got.where
 
     def graph(self, key: tuple | None, call: nn.Module, unit: nn.Module,
               tensors: tuple[torch.Tensor, ...], *, tracer: str, dynamic: bool
-              ) -> tuple[fx.GraphModule, tuple, Program | None]:
-        """The graph ``call`` runs, where its captured outputs go, and the sibling's program
-        it is (`lookup`), or None for its own trace (`capture.trace.trace` with ``tracer``
-        and ``dynamic``, unseen by the user's dispatch modes: they would read the tracer's
-        fake tensors); raises what the trace raises."""
+              ) -> tuple[fx.GraphModule, tuple, Program | None, Record | None]:
+        """The graph ``call`` runs, where its captured outputs go, the sibling's program it is
+        (`lookup`) or None for its own trace (`capture.trace.trace` with ``tracer`` and
+        ``dynamic``, unseen by the user's dispatch modes: they would read the tracer's fake
+        tensors), and for its own trace, where a sibling may ask for it (``key`` and a
+        sibling of the unit's kind), its record (for `add`); raises what the trace raises.
+        Records are made as the trace runs, with the call's collector (`runtime._UnitCall`)."""
         like = self.lookup(key, call, unit, tensors)
         if like is not None:
-            return like[0].gm, like[1], like[0]
+            return like[0].gm, like[1], like[0], None
         with warnings.catch_warnings(), _disable_current_modes():
             warnings.simplefilter("ignore", UserCodeWarning)  # (said when profiled)
             gm = trace(call, tensors, tracer=tracer, dynamic=dynamic)
-        return gm, call.where, None
+        where = call.where
+        ops = (_recorded(call, unit, tensors)
+               if key is not None and key not in self._traced and self.siblings(key[0])
+               else None)
+        return gm, where, None, ops
 
-    def add(self, key: tuple | None, prog: Program, call: nn.Module, unit: nn.Module,
-            tensors: tuple[torch.Tensor, ...], where: tuple) -> None:
-        """Keep a unit's new trace for its siblings (its record made now: one forward)."""
-        if key is None or key in self._traced:
-            return
-        ops = _recorded(call, unit, tensors)
-        if ops is not None:
+    def add(self, key: tuple | None, prog: Program, ops: Record | None, where: tuple) -> None:
+        """Keep a unit's new trace (its program, as it runs) for its siblings, with the record
+        `graph` made of its call (None: nothing kept)."""
+        if key is not None and ops is not None and key not in self._traced:
             self._traced[key] = _Traced(prog, ops, where)
 
 
