@@ -109,9 +109,11 @@ def test_plan_solved_for_compile_runs_in_one_graph_with_the_models_gradients() -
 def test_plan_for_compile_measures_within_its_budget_compiled() -> None:
     """With ``measure_compiled`` (the default), the compiled step of a plan solved for compile
     keeps to the budget: measured again here from a fresh compilation (dynamo reset, caches
-    off), it is what the plan reports, within the budget, with the model's gradients."""
+    off), it is what the plan reports, within the budget, with the model's gradients. (With
+    ``dp``, which has no clock: `auto`'s candidates under a time limit depend on the machine's
+    load, and on two busy workers none measured within 3.47 MiB once, the least 3.48 MiB.)"""
     model, inputs = gpt()
-    plan = scheduler.solve(model, inputs, budget="65%", execution="compiled", time_limit_s=10)
+    plan = scheduler.solve(model, inputs, budget="65%", execution="compiled", solver="dp")
     assert plan.compiled_peak_bytes is not None
     assert "compiled peak" in plan.summary()
     dynamo.reset()
