@@ -17,8 +17,9 @@ only where they read the very same object. Two calls with the same record comput
 function of their inputs and parameters, so the sibling's graph runs the call with the unit's
 own parameters (`capture.program.Program`'s ``like``: attributes are read from the unit
 where the sibling's were). Only units of one `kind` (the same classes, parameter and buffer
-shapes, ``forward`` and no hooks below the unit, whose hooks a trace would not run) are
-compared, and only calls of the same signature (`runtime.UnitForward`'s key).
+shapes, ``forward``, and no hooks below the unit but transformers' output capture) are
+compared, and only calls of the same signature (`runtime.UnitForward`'s key). A unit whose
+record differs traces for itself, and nothing is shared where the record cannot be made.
 
 A record costs one forward of the unit without gradients (the user's dispatch modes do not
 see it; buffers, gradients and RNG are restored), against an export per call.
