@@ -223,15 +223,17 @@ def _before_headroom(peak: int, headroom: float) -> int:
 
 
 def _autocast_hint(graph: CostGraph) -> str:
-    """Under autocast with its cache on, what the cache holds that no schedule frees, and the
-    way out (the profile counts the casts as held all step, `capture.autocast_cache`)."""
+    """Under autocast with its cache on, what the cache holds that no schedule frees (the
+    casts the model's own code makes outside the plan's units: the plan's own code runs with
+    the cache off), and the way out (`capture.autocast_cache`)."""
     cached = graph.meta.get("autocast_cache", {}).get("bytes", 0)
     if not cached:
         return ""
     return (f". Of every peak, {format_bytes(cached)} are the casts of parameters that "
-            f"torch.autocast's cache holds all step, which no checkpoint frees: profile and "
-            f"train under torch.autocast(..., cache_enabled=False) to let checkpoints free "
-            f"them (each use of a weight then casts it anew)")
+            f"the model's own code between the units makes and torch.autocast's cache holds "
+            f"all step, which no checkpoint frees: profile and "
+            f"train under torch.autocast(..., cache_enabled=False) so that they live only "
+            f"while they are used (each use of a weight then casts it anew)")
 
 
 def _floor_error(floor: Any, solver: str, budget_bytes: int, headroom: float,

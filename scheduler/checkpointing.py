@@ -125,11 +125,9 @@ _SAVE_CONTEXT = functools.partial(create_selective_checkpoint_contexts, save_pol
 # the replay's ops to forward's by op and count, so one cast missing shifts every later cast:
 # the replay would be handed the wrong saved tensor. Under autocast, a save set's region
 # therefore leaves parameter casts out of that matching (as torch leaves out ``detach``): they
-# run wherever they are dispatched, in forward and in the replay, and are never saved. What
-# that costs: nothing where the replay finds the cast in the cache (a step whose forward and
-# backward run in one autocast block, as the profile models it); otherwise the replay casts
-# the weight again, as a region without a save set does, into memory the profile counts as
-# held all step (`capture.autocast_cache`).
+# run wherever they are dispatched, in forward and in the replay, and are never saved. A plan
+# runs its code with the cache off (`capture.autocast_cache.cache_off`), where forward and the
+# replay both dispatch every cast; the exclusion also covers a step run under another state.
 _TO_COPY = torch.ops.aten._to_copy.default
 
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
+from .capture.autocast_cache import cache_off, caches_casts
 from .capture.mutation import written_reads
 from .capture.program import Program
 from .cost.compiled_form import flop_saves
@@ -78,7 +80,12 @@ class CheckpointedStep:
         if len(flat) != self._n_inputs:
             raise TypeError(f"the traced model takes {self._n_inputs} inputs, got {len(flat)}")
         attrs = self.prog.attrs
-        values = iter(self.code(*flat, *[attrs[name] for name in self._attr_names]))
+        args = (*flat, *[attrs[name] for name in self._attr_names])
+        if torch.compiler.is_compiling() or not caches_casts():
+            values = iter(self.code(*args))
+        else:  # (the casts it makes are then freed with the activations: as profiled)
+            with cache_off():
+                values = iter(self.code(*args))
         leaves = [leaf if const else next(values) for const, leaf in self._out_consts]
         return pytree.tree_unflatten(leaves, self.prog.model_out_spec)
 

@@ -10,11 +10,21 @@ after it (`clear_cached`) are taken out of the events into the base (``buffer_by
 steady state under one ``autocast`` block, where the casts of the step before are still cached
 when a step begins. A node that saved such a cast saves it from the base (`saved_from_base`),
 named after the parameter it is a cast of (`cast_source`).
+
+The code a plan runs (`regions.CheckpointedStep`: the whole model's forward, or a unit's) runs
+with the cache off (`cache_off`), and the profile records those nodes so too
+(`program.Program.run`): a cast there is an ordinary tensor, freed with its region's
+activations when a checkpoint drops them and made again by the replay, so checkpointing frees
+the casts as it frees everything else. Only the casts the model's own code makes outside the
+planned code (between units, the loss) are cached and held in the base. What it costs: a
+parameter used at several places in the planned code is cast at each (and its gradient summed
+in float32, not in the low precision), and a replay casts its region's weights again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping
+import contextlib
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -22,8 +32,29 @@ import torch
 from ..ir.graph import Saved
 from ..measurement.storage import StorageTracker
 
-__all__ = ["cache_meta", "cast_source", "clear_cached", "mark_without_cached", "saved_from_base",
-           "without_cached"]
+__all__ = ["cache_meta", "cache_off", "caches_casts", "cast_source", "clear_cached",
+           "mark_without_cached", "saved_from_base", "without_cached"]
+
+
+def caches_casts() -> bool:
+    """Whether autocast is on (on the CPU or CUDA) with its cache of parameter casts on."""
+    return torch.is_autocast_cache_enabled() and (
+        torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"))
+
+
+@contextlib.contextmanager
+def cache_off() -> Iterator[None]:
+    """Autocast's cache of parameter casts off inside (where `caches_casts`), on again after:
+    the casts made inside are neither looked up in the cache nor put there. A checkpoint
+    entered inside records the cache as off, and its replay runs so too."""
+    if not caches_casts():
+        yield
+        return
+    torch.set_autocast_cache_enabled(False)
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(True)
 
 
 def cast_source(t: torch.Tensor, name_of: Callable[[torch.Tensor], str | None]) -> str | None:

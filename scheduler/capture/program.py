@@ -23,7 +23,9 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from .trace import MODEL_ATTR, TraceInfo, model_nodes
+from .autocast_cache import cache_off, caches_casts
+from .trace import MODEL_ATTR, TraceInfo, model_nodes, module_path
+from .usercode import unit_paths
 
 __all__ = ["Program"]
 
@@ -124,17 +126,39 @@ class Program:
             if self.last_read.get(a.name, -1) <= i and a.name in env and a.op != "get_attr":
                 del env[a.name]
 
+    def planned(self) -> frozenset[str]:
+        """The nodes a plan of this step runs itself (`regions.CheckpointedStep`), with
+        autocast's cache off (`autocast_cache.cache_off`): while a units plan's step is
+        profiled (`usercode.within_units`), those inside its units; else every node but the
+        loss's (which the user's code computes)."""
+        units = unit_paths()
+        if not units:
+            return frozenset(n.name for n in self.nodes if n.name not in self.info.loss_nodes)
+        inside = tuple(u + "." for u in units)
+        return frozenset(n.name for n in self.nodes
+                         if (p := module_path(n)) in units or p.startswith(inside))
+
     def run(self, inputs: Iterable[Any], *,
             around: Callable[[int, fx.Node, Callable[[], Any]], Any] | None = None
             ) -> tuple[Any, torch.Tensor]:
         """Run the whole step and return ``(model_output, loss)``. ``around(i, node, thunk)``,
-        when given, wraps each node's execution (for timing and attribution)."""
+        when given, wraps each node's execution (for timing and attribution). Under autocast
+        with its cache on, the nodes a plan runs (`planned`) run with the cache off, as the
+        plan runs them."""
         env = self.inputs_env(inputs)
+        uncached = self.planned() if caches_casts() else frozenset()
         for i, node in enumerate(self.nodes):
             if around is None:
-                env[node.name] = self.run_node(node, env)
+                def thunk(n: fx.Node = node) -> Any:
+                    return self.run_node(n, env)
             else:
-                env[node.name] = around(i, node, lambda n=node: self.run_node(n, env))
+                def thunk(n: fx.Node = node, i: int = i) -> Any:
+                    return around(i, n, lambda: self.run_node(n, env))
+            if node.name in uncached:
+                with cache_off():
+                    env[node.name] = thunk()
+            else:
+                env[node.name] = thunk()
             self.free_after(i, env)
         return self.outputs(env)
 

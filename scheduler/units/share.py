@@ -38,6 +38,7 @@ import torch.nn as nn
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from ..capture.autocast_cache import cache_off
 from ..capture.program import Program
 from ..capture.trace import preserved_state, trace
 from ..capture.usercode import UserCodeWarning, is_library_hook
@@ -123,7 +124,10 @@ def record(call: nn.Module, unit: nn.Module, tensors: tuple[torch.Tensor, ...]) 
     known += [(t, ("state", name))
               for name, t in (*unit.named_parameters(), *unit.named_buffers())]
     recorder = _Recorder(known[::-1])  # (an input that is also a parameter: the input)
-    with _disable_current_modes(), preserved_state(unit), torch.no_grad(), recorder:
+    # (autocast's cache off: a cast it cached would be held until autocast exits, and the
+    # plan's own step casts with the cache off, `autocast_cache.cache_off`)
+    with _disable_current_modes(), preserved_state(unit), torch.no_grad(), cache_off(), \
+            recorder:
         call(*tensors)
     ops = tuple(recorder.ops)
     recorder.kept.clear()

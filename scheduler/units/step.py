@@ -19,6 +19,7 @@ import torch.utils._pytree as pytree
 from ..capture.eager_choices import compiled_choices, eager_choices
 from ..capture.profile import profile_step
 from ..capture.trace import preserved_state
+from ..capture.autocast_cache import caches_casts
 from ..capture.usercode import UserCodeWarning, within_units
 from ..budget import InfeasibleBudgetError
 from ..cost.compiled import costs_for
@@ -118,8 +119,15 @@ def profile_units(model: nn.Module, example_inputs: Any, units: Any, *, parallel
     with (eager_choices(unpacked=unpacked) if choice.paths else contextlib.nullcontext(),
           within_units(choice.paths)):
         gm, graph, inputs = profile_step(run, given, **kwargs)
+    found, choice = choice, called_once(graph, choice)
+    if choice.paths != found.paths and caches_casts():
+        # (the plan's code runs with autocast's cache off, and was profiled so: the units
+        # left out run as the model's own code, with the cache, so the step is profiled again;
+        # as a whole graph, all of it is the plan's)
+        with (eager_choices(unpacked=unpacked) if found.paths else contextlib.nullcontext(),
+              within_units(choice.paths)):
+            gm, graph, inputs = profile_step(run, given, **kwargs)
     inputs = pytree.tree_map(lambda x: originals.get(id(x), x), inputs)
-    choice = called_once(graph, choice)
     if choice.paths:
         graph = dataclasses.replace(graph, units=choice.paths)
     if engine is not None:

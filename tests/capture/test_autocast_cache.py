@@ -1,11 +1,11 @@
-"""Autocast's cache of parameter casts in the profile and in `scheduler.measure`.
+"""Autocast's cache of parameter casts in the profile, in plans and in `scheduler.measure`.
 
 Under ``torch.autocast`` the cast of each parameter (a leaf that requires grad) is cached until
 the outermost autocast block exits: the bf16 copy of a weight lives through the whole step,
-whatever a checkpoint drops, and a checkpoint's replay finds it there. The profile holds those
-casts in the base (`capture.record`); `measure` starts its measured steps from an empty cache
-so that both of its counts see them. The references here are the model's own parameters and
-the allocator's count of the model's own step.
+whatever a checkpoint drops. A plan runs its own code with the cache off (a checkpoint then
+frees the casts with its region), and the profile records that code so; casts the model's own
+code makes outside the plan (between units) are cached, held in the base (`capture.record`).
+The references here are the model's own parameters and the allocator's count of the step.
 """
 
 from __future__ import annotations
@@ -33,13 +33,17 @@ def gpt() -> tuple[nn.Module, tuple[torch.Tensor]]:
     return model, (idx,)
 
 
-def cast_bytes(model: nn.Module) -> int:
+def cast_bytes(model: nn.Module, paths: tuple[str, ...] | None = None) -> int:
     """Bytes of the bf16 casts autocast makes of ``model``'s parameters on the CPU: those of
     its Linear layers (layer norms and embeddings run in float32), each parameter once (the
-    language model head's weight is the token embedding's)."""
-    params = {id(p): p for m in model.modules() if isinstance(m, nn.Linear)
-              for p in m.parameters(recurse=False)}
+    language model head's weight is the token embedding's); with ``paths``, of those Linear
+    layers only."""
+    params = {id(p): p for name, m in model.named_modules() if isinstance(m, nn.Linear)
+              and (paths is None or name in paths) for p in m.parameters(recurse=False)}
     return sum(p.numel() * 2 for p in params.values())
+
+
+UNITS = ("transformer.h.0", "transformer.h.1")
 
 
 @pytest.fixture(scope="module")
@@ -49,16 +53,45 @@ def profiled() -> tuple[nn.Module, tuple[torch.Tensor], CostGraph]:
         return model, inputs, scheduler.profile(model, inputs, mode="real", repeats=1)
 
 
-def test_the_casts_autocast_caches_are_held_in_the_base(profiled: tuple,
-                                                        tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def in_units() -> CostGraph:
+    model, inputs = gpt()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return scheduler.profile(model, inputs, mode="real", repeats=1, units=list(UNITS))
+
+
+def _saved_casts(g: CostGraph) -> set[str]:
+    return {s.source for n in g.nodes for s in n.saved if s.storage is None
+            and s.source.endswith("(autocast cast)")}
+
+
+def test_the_plans_own_code_casts_into_no_cache(profiled: tuple) -> None:
+    """A plan runs its code with autocast's cache off, and the profile records it so: on one
+    traced graph no cast is cached (the base is the parameters and the input, as without
+    autocast), and each cast is a storage of its own, saved by the node that reads it."""
     model, inputs, g = profiled
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    assert g.meta["autocast_cache"]["bytes"] == cast_bytes(model) > 0
-    assert g.param_bytes == params
-    assert g.base_bytes == params + inputs[0].numel() * 8 + cast_bytes(model)
-    # a node saves a cast from the base, named after its parameter
-    sources = {s.source for n in g.nodes for s in n.saved if s.storage is None}
-    assert "param:transformer.h.0.attn.c_attn.weight (autocast cast)" in sources
+    assert "autocast_cache" not in g.meta
+    assert g.base_bytes == params + inputs[0].numel() * 8
+    assert not _saved_casts(g)
+    bf16 = {sid for n in g.nodes for s in n.saved if s.storage is not None
+            for sid in [s.storage] if g.storages[sid].bytes == 32 * 96 * 2}
+    assert bf16  # (c_attn's weight, 96 x 32, cast to bf16: an ordinary storage)
+
+
+def test_casts_between_units_are_held_in_the_base(profiled: tuple, in_units: CostGraph,
+                                                   tmp_path: Path) -> None:
+    """In units, the model's own code runs as written, with the cache: the head's cast (of the
+    token embedding it shares) is held all step in the base, named after its parameter; the
+    units' casts are not."""
+    model, inputs, _ = profiled
+    g = in_units
+    assert g.units == UNITS
+    outside = model.lm_head.weight.numel() * 2
+    assert g.meta["autocast_cache"]["bytes"] == outside
+    assert g.base_bytes == sum(p.numel() * p.element_size() for p in model.parameters()) \
+        + inputs[0].numel() * 8 + outside
+    assert _saved_casts(g) == {"param:transformer.wte.weight (autocast cast)"}  # (tied)
     path = tmp_path / "g.json"
     g.save(path)
     again = CostGraph.load(path)
@@ -68,30 +101,35 @@ def test_the_casts_autocast_caches_are_held_in_the_base(profiled: tuple,
 
 def test_unscheduled_prediction_is_the_allocators_count_under_autocast(profiled: tuple
                                                                        ) -> None:
-    """In a training loop's steady state: the steps before, in the same autocast block, left
-    their casts in the cache. The allocator's count of the model's own step saw none of them
-    (they were there before the step began): 19% under the prediction here. Where the CPU has
-    no native bf16 kernels (AVX2), bf16 ops take another path, and the prediction was 4,096 B
-    above the allocator's count there (never below it): the bound is looser on such CPUs."""
+    """The plan that checkpoints nothing, run from a warm cache (a block's second step: the
+    casts cached before are not the plan's), measures its prediction. Where the CPU has no
+    native bf16 kernels (AVX2), bf16 ops take another path with scratch of their own (4 KiB
+    for an add here), which the profile measures per node and the prediction counts where it
+    is taken; the allocator's count of the step was then below the prediction, by less than
+    that scratch (14,336 B of 24,580 B on a 2-core AMD EPYC, 2026-12-07)."""
+    model, inputs, g = profiled
+    predicted = simulate(g, Schedule.none(g)).peak_bytes
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        module = scheduler.apply(model, Schedule.none(g), inputs)
+        scheduler.measure(model, inputs, repeats=1)  # (fills the cache)
+        m = scheduler.measure(module, inputs, repeats=1)
+    assert m.peak_bytes <= predicted
+    # (within 0.5% of the allocator's count on a CPU with native bf16 kernels, AVX-512 BF16,
+    # when the casts were cached, 2026-12-03; above it by less than the measured scratch here)
+    scratch = sum(g.meta["scratch"]["nodes"].values())
+    alloc = m.allocator_peak_bytes
+    assert -0.005 * alloc <= predicted - alloc <= max(scratch, 0.005 * alloc), (
+        predicted, alloc, scratch)
+
+
+def test_a_fake_profile_holds_the_same_casts(profiled: tuple, in_units: CostGraph) -> None:
     model, inputs, g = profiled
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        scheduler.measure(model, inputs, repeats=1)  # (fills the cache)
-        m = scheduler.measure(model, inputs, repeats=1)
-    predicted = simulate(g, Schedule.none(g)).peak_bytes
-    assert m.peak_bytes <= predicted
-    if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # (native bf16 kernels: AVX-512 BF16)
-        assert abs(predicted - m.allocator_peak_bytes) <= 0.005 * m.allocator_peak_bytes, (
-            predicted, m.allocator_peak_bytes)
-    else:  # an AVX2 CPU (2026-12-03, AMD EPYC): 4,096 B (1.2%) above, cause not found
-        assert 0 <= predicted - m.allocator_peak_bytes <= 0.02 * m.allocator_peak_bytes, (
-            predicted, m.allocator_peak_bytes)
-
-
-def test_a_fake_profile_holds_the_same_casts(profiled: tuple) -> None:
-    model, inputs, _ = profiled
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        g = scheduler.profile(model, inputs, mode="fake", repeats=1)
-    assert g.meta["autocast_cache"]["bytes"] == cast_bytes(model)
+        fake = scheduler.profile(model, inputs, mode="fake", repeats=1)
+        fake_units = scheduler.profile(model, inputs, mode="fake", repeats=1,
+                                       units=list(UNITS))
+    assert "autocast_cache" not in fake.meta and fake.base_bytes == g.base_bytes
+    assert fake_units.meta["autocast_cache"] == in_units.meta["autocast_cache"]
 
 
 def test_no_autocast_holds_nothing(profiled: tuple) -> None:
@@ -198,21 +236,22 @@ def test_a_save_set_under_autocast_is_kept_and_fits_its_prediction(profiled: tup
 
 
 def test_an_infeasible_budget_under_autocast_names_the_cache_and_the_way_out(
-        profiled: tuple) -> None:
+        profiled: tuple, in_units: CostGraph) -> None:
     """Below what the cached casts leave room for, the error says how many bytes the cache
-    holds (the model's own Linear parameters' bf16 casts) and names ``cache_enabled=False``;
-    without autocast it says nothing of it."""
+    holds (the head's cast, made by the model's own code between the units) and names
+    ``cache_enabled=False``; where nothing is cached (one traced graph, or no autocast) it
+    says nothing of it."""
     model, inputs, g = profiled
     with pytest.raises(scheduler.InfeasibleBudgetError) as caught:
-        scheduler.solve_graph(g, g.base_bytes // 2, time_limit_s=5)
+        scheduler.solve_graph(in_units, in_units.base_bytes // 2, time_limit_s=5)
     message = str(caught.value)
-    held = format_bytes(cast_bytes(model))
+    held = format_bytes(model.lm_head.weight.numel() * 2)
     assert f"{held} are the casts of parameters" in message
     assert "cache_enabled=False" in message
-    plain = scheduler.profile(model, inputs, mode="fake", repeats=1)
-    with pytest.raises(scheduler.InfeasibleBudgetError) as caught:
-        scheduler.solve_graph(plain, plain.base_bytes // 2, time_limit_s=5)
-    assert "cache_enabled" not in str(caught.value)
+    for graph in (g, scheduler.profile(model, inputs, mode="fake", repeats=1)):
+        with pytest.raises(scheduler.InfeasibleBudgetError) as caught:
+            scheduler.solve_graph(graph, graph.base_bytes // 2, time_limit_s=5)
+        assert "cache_enabled" not in str(caught.value)
 
 
 def test_autocast_with_its_cache_off_is_another_signature(profiled: tuple) -> None:
