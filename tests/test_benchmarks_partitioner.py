@@ -63,6 +63,7 @@ class Net(nn.Module):
         return self.fc2(torch.relu(self.fc1(x))).sum()
 
 
+@pytest.mark.slow
 def test_the_spy_records_what_the_backward_receives_and_restores_the_partitioner() -> None:
     torch.manual_seed(0)
     original = partitioners.choose_saved_values_set

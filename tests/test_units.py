@@ -151,6 +151,7 @@ def test_hooks_fire_once_per_training_call(llama_plans: dict[str, Any]) -> None:
     assert sorted(fired) == sorted([planned_unit, "model.norm", "lm_head"])
 
 
+@pytest.mark.slow
 def test_solve_warns_only_of_the_hooks_inside_planned_units() -> None:
     """Hooks registered before solving: on a module inside a unit (lost in a planned call),
     on a unit and outside the units (they fire). One warning, naming only the first; a

@@ -118,7 +118,7 @@ def _check_plan(name: str, schedule: Schedule, where: str) -> None:
     _same(_step(module, inputs, module.forward.loss_fn), ref, where)
 
 
-@pytest.mark.parametrize("name", ["t5", "whisper"])
+@pytest.mark.parametrize("name", [pytest.param("t5", marks=pytest.mark.slow), "whisper"])
 def test_the_graph_allows_exactly_what_the_rewriter_runs(name: str) -> None:
     """Around each recorded write, a recompute region from each start to the end is allowed
     by the graph exactly when the rewriter accepts it."""

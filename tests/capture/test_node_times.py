@@ -160,6 +160,7 @@ def test_isolated_ranks_matmuls_above_elementwise(profiles: Any) -> None:
     assert total(mm) > total(elementwise), (total(mm), total(elementwise))
 
 
+@pytest.mark.slow
 def test_isolated_within_a_factor_of_the_real_profile(build_example: Any) -> None:
     """On a GPT whose matmuls and attention take milliseconds, each node's isolated time is
     within `NODE_FACTOR` of its time in the real profile, forward and backward, for the

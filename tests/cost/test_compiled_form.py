@@ -61,6 +61,7 @@ def every_schedule(g: CostGraph) -> list[Schedule]:
             for spans in schedules(g, list(range(len(names) + 1)), save_options=saves)]
 
 
+@pytest.mark.slow
 def test_the_form_replays_no_more_flops_and_at_least_the_fused_work_of_every_schedule() -> None:
     g = graph()
     flops, fused = priced(g, True), priced(g, False)
@@ -117,6 +118,7 @@ def test_a_fused_node_reading_a_replayed_flop_node_stays_saved() -> None:
     assert flop_saves(form2) == {"n1", "n4"}
 
 
+@pytest.mark.slow
 def test_a_node_saving_only_its_flop_ops_needs_no_flop_replay_for_the_rest() -> None:
     """Under compile a `flop_saves` node recomputes its ops without FLOPs from its inputs:
     priced as a node whose replay costs nothing (its FLOP op stays saved) and dropped from

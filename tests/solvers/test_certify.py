@@ -35,7 +35,8 @@ def _verdict(r: SolveResult) -> tuple:
             None if r.estimate is None else r.estimate.recompute_s)
 
 
-@pytest.mark.parametrize("name,share", [("mlp", 0.9), ("hf_gpt2", 0.9)])
+@pytest.mark.parametrize("name,share", [pytest.param("mlp", 0.9, marks=pytest.mark.slow),
+                                        ("hf_gpt2", 0.9)])
 def test_same_verdict_in_any_order_on_recorded_graphs(recorded_graph, name: str,
                                                       share: float) -> None:
     """cpsat then dp, relax (which proves its optimum, the best bound there is), then dp and
@@ -60,7 +61,8 @@ def test_same_verdict_in_any_order_on_recorded_graphs(recorded_graph, name: str,
     assert all(vars(g)[k] is v for k, v in before.items())
 
 
-@pytest.mark.parametrize("seeds", [range(0, 6), range(6, 12)],
+@pytest.mark.parametrize("seeds", [range(0, 6), pytest.param(range(6, 12),
+                                                              marks=pytest.mark.slow)],
                          ids=lambda r: f"{r.start}-{r.stop - 1}")
 def test_same_verdict_in_any_order_on_small_graphs(seeds: range) -> None:
     """On small synthetic graphs, at budgets brute force tells apart: dp, cpsat and brute,

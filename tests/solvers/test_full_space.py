@@ -38,7 +38,8 @@ from scheduler.solvers.relaxation import Relaxation
 REL = 1e-9
 
 
-@pytest.mark.parametrize("seeds", [range(0, 20), range(20, 40)],
+@pytest.mark.parametrize("seeds", [range(0, 20), pytest.param(range(20, 40),
+                                                                marks=pytest.mark.slow)],
                          ids=lambda r: f"{r.start}-{r.stop - 1}")
 def test_bound_is_below_the_full_space_optimum(seeds: range) -> None:
     tight = checked = 0
@@ -57,9 +58,12 @@ def test_bound_is_below_the_full_space_optimum(seeds: range) -> None:
     assert checked >= 60 and tight >= checked // 3, (checked, tight)
 
 
-def test_bound_proves_infeasible_only_where_nothing_fits() -> None:
+@pytest.mark.parametrize("seeds", [range(0, 20), pytest.param(range(20, 40),
+                                                                marks=pytest.mark.slow)],
+                         ids=lambda r: f"{r.start}-{r.stop - 1}")
+def test_bound_proves_infeasible_only_where_nothing_fits(seeds: range) -> None:
     proven = 0
-    for seed in range(40):
+    for seed in seeds:
         g = small_graph(seed)
         space = full_space(g)
         least = min(p for p, _ in space)
