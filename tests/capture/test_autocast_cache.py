@@ -21,7 +21,6 @@ from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import CostGraph
 from scheduler.ir.schedule import Schedule
 from scheduler.quantities import format_bytes
-from scheduler.solvers import get_solver
 from scheduler.solvers.base import finish
 
 
