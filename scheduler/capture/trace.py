@@ -145,10 +145,13 @@ def _step_module(model: nn.Module, loss_fn: Callable[[Any], torch.Tensor],
 @contextlib.contextmanager
 def preserved_state(model: nn.Module) -> Iterator[None]:
     """Restore the model's buffers (e.g. BatchNorm running statistics), parameters' ``.grad``
-    and RNG state on exit, so that profiling and tracing leave the user's model as it was."""
+    and RNG state (the CPU's, and every CUDA device's where CUDA is initialized: dropout
+    on a GPU draws from its generator) on exit, so that profiling and tracing leave the
+    user's model, and the random numbers its training draws next, as they were."""
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     grads = [(p, p.grad) for p in model.parameters()]
     rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     try:
         yield
     finally:
@@ -158,6 +161,8 @@ def preserved_state(model: nn.Module) -> Iterator[None]:
         for p, g in grads:
             p.grad = g
         torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
 
 
 def trace(model: nn.Module, example_inputs: Sequence[Any], *,

@@ -371,3 +371,36 @@ def _node(op: str, target: Any, stack: dict[str, Any] | None) -> fx.Node:
 ])
 def test_module_path(op: str, target: Any, stack: Any, path: str) -> None:
     assert module_path(_node(op, target, stack)) == path
+
+
+def test_preserved_state_restores_every_cuda_generator_where_cuda_is_initialized(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA generators' states (what dropout on a GPU draws from) are put back as they
+    were, after a body that raises too; where CUDA is not initialized they are not touched
+    (reading them would initialize it). No GPU here: torch.cuda's state calls are stood in
+    for by a recording double."""
+    from scheduler.capture.trace import preserved_state
+
+    states = {"now": [torch.tensor([1], dtype=torch.uint8)]}
+    calls: list[str] = []
+
+    def get_all() -> list[torch.Tensor]:
+        calls.append("get")
+        return [t.clone() for t in states["now"]]
+
+    def set_all(new: list[torch.Tensor]) -> None:
+        calls.append("set")
+        states["now"] = new
+
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", get_all)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", set_all)
+    model = nn.Linear(2, 2)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    with preserved_state(model):
+        pass
+    assert calls == []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(RuntimeError), preserved_state(model):
+        states["now"] = [torch.tensor([9], dtype=torch.uint8)]  # (a draw advanced it)
+        raise RuntimeError("the traced forward failed")
+    assert calls == ["get", "set"] and states["now"][0].item() == 1
