@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 
 from ..ir.graph import structure_fingerprint
 from .program import Program
-from .trace import preserved_state
+from .state import preserved_state
 
 __all__ = ["shape_str", "target_str", "traced_fingerprint"]
 

@@ -33,7 +33,8 @@ from .roofline import device_spec as device_spec_of
 from .roofline import roofline_s
 from .scratch import warn_fake_scratch
 from .timing import checkpoint_costs
-from .trace import TraceError, preserved_state, trace
+from .state import preserved_state
+from .trace import TraceError, trace
 
 __all__ = ["MODES", "TIMES", "check_profile_options", "profile", "profile_step",
            "profile_traced", "trace_without_running", "traced_fingerprint"]

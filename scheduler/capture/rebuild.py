@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import is_fake
 from .fake import FakeProfileError
 from .record import TensorMeta
 from .roofline import local_spec, work_s
-from .trace import preserved_state
+from .state import preserved_state
 
 __all__ = ["check_runnable", "contiguous_stride", "kept", "local_spec", "materialize",
            "on_device", "work_s"]
@@ -36,7 +36,7 @@ def check_runnable(device: torch.device, times: str) -> None:
 
 @contextlib.contextmanager
 def kept(model: nn.Module, device: torch.device) -> Iterator[None]:
-    """Restore the model's buffers and ``.grad`` and the CPU RNG (`trace.preserved_state`),
+    """Restore the model's buffers and ``.grad`` and the RNG states (`state.preserved_state`),
     and ``device``'s CUDA RNG, on exit."""
     cuda = [device] if device.type == "cuda" else []
     with preserved_state(model), torch.random.fork_rng(devices=cuda):

@@ -53,7 +53,8 @@ from .randomness import may_draw_random, rng_state_bytes
 from .roofline import DeviceSpec, local_spec, work_s
 from .scratch import record_scratch
 from .timing import GradFnIndex, checkpoint_costs, time_steps
-from .trace import block_of, module_path, preserved_state
+from .state import preserved_state
+from .trace import block_of, module_path
 
 __all__ = ["Rec", "Recorder", "TensorMeta", "build_graph", "device_of", "profile_traced",
            "record_traced"]

@@ -38,7 +38,8 @@ from .rebuild import (
 )
 from .record import Rec, Recorder, TensorMeta, build_graph, record_traced
 from .roofline import DeviceSpec
-from .trace import preserved_state, trace
+from .state import preserved_state
+from .trace import trace
 from .usercode import UserCodeWarning
 
 __all__ = ["HEADROOM", "scale_time", "scaled_times", "small_inputs", "small_profile"]

@@ -28,9 +28,10 @@ from .eager_choices import choices as _choices
 from .mutation import alias_groups, mutated_inputs
 from .recorded import record_step
 from .shapes import any_sizes, export_dims, exported_pattern, hoist_sizes, quiet_auto_dims
+from .state import preserved_state
 
 __all__ = ["trace", "TraceError", "TraceInfo", "LossRecipe", "as_tuple",
-           "default_loss_recipe", "model_nodes", "preserved_state"]
+           "default_loss_recipe", "model_nodes"]
 
 #: Name of the attribute that holds the user's model inside the traced wrapper.
 MODEL_ATTR = "model"
@@ -140,29 +141,6 @@ def _step_module(model: nn.Module, loss_fn: Callable[[Any], torch.Tensor],
     exec(compile(src, usercode.STEP_FILE, "exec"), scope)  # noqa: S102 - fixed template
     cls = type("_Step", (_Step,), {"forward": scope["forward"]})
     return cls(model, loss_fn)
-
-
-@contextlib.contextmanager
-def preserved_state(model: nn.Module) -> Iterator[None]:
-    """Restore the model's buffers (e.g. BatchNorm running statistics), parameters' ``.grad``
-    and RNG state (the CPU's, and every CUDA device's where CUDA is initialized: dropout
-    on a GPU draws from its generator) on exit, so that profiling and tracing leave the
-    user's model, and the random numbers its training draws next, as they were."""
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
-    grads = [(p, p.grad) for p in model.parameters()]
-    rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for b, saved in buffers:
-                b.copy_(saved)
-        for p, g in grads:
-            p.grad = g
-        torch.set_rng_state(rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
 
 
 def trace(model: nn.Module, example_inputs: Sequence[Any], *,

@@ -16,7 +16,8 @@ import torch.nn as nn
 from torch.utils import _pytree as pytree
 
 from ..capture.calls import call_inputs
-from ..capture.trace import default_loss_recipe, preserved_state
+from ..capture.state import preserved_state
+from ..capture.trace import default_loss_recipe
 from .storage import StorageTracker, sync_device
 
 __all__ = ["OPTIMIZERS", "PARTS", "StepBreakdown", "get_optimizer", "measure_training_step"]

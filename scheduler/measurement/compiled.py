@@ -28,7 +28,8 @@ import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile
 
 from ..capture.calls import as_tuple
-from ..capture.trace import default_loss_recipe, preserved_state
+from ..capture.state import preserved_state
+from ..capture.trace import default_loss_recipe
 from ..rewrite import planned
 from .storage import base_bytes
 

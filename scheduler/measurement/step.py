@@ -21,7 +21,8 @@ import torch.nn as nn
 
 from ..capture.calls import call_inputs, check_differentiable
 from ..capture.fake import needs_fake
-from ..capture.trace import default_loss_recipe, preserved_state
+from ..capture.state import preserved_state
+from ..capture.trace import default_loss_recipe
 from ..rewrite import planned
 from .compiled import allocator_rise
 from .storage import StorageTracker, base_bytes, state_tensors

@@ -40,7 +40,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from ..capture.autocast_cache import cache_off
 from ..capture.program import Program
-from ..capture.trace import preserved_state, trace
+from ..capture.state import preserved_state
+from ..capture.trace import trace
 from ..capture.usercode import UserCodeWarning, is_library_hook
 
 __all__ = ["ENABLED", "Record", "SharedTraces", "kind", "record"]

@@ -18,7 +18,7 @@ import torch.utils._pytree as pytree
 
 from ..capture.eager_choices import compiled_choices, eager_choices
 from ..capture.profile import profile_step
-from ..capture.trace import preserved_state
+from ..capture.state import preserved_state
 from ..capture.autocast_cache import caches_casts
 from ..capture.usercode import UserCodeWarning, within_units
 from ..budget import InfeasibleBudgetError

@@ -32,7 +32,8 @@ from scheduler.capture.record import Rec, Recorder
 from scheduler.capture.roofline import DEVICE_SPECS
 from scheduler.capture.scaled import scale_time, small_profile
 from scheduler.capture.scratch import without_scratch
-from scheduler.capture.trace import preserved_state, trace
+from scheduler.capture.state import preserved_state
+from scheduler.capture.trace import trace
 from scheduler.ir.graph import CostGraph
 
 #: Isolated against real node time, either way. Measured on the 2-core development machine

@@ -379,7 +379,7 @@ def test_preserved_state_restores_every_cuda_generator_where_cuda_is_initialized
     were, after a body that raises too; where CUDA is not initialized they are not touched
     (reading them would initialize it). No GPU here: torch.cuda's state calls are stood in
     for by a recording double."""
-    from scheduler.capture.trace import preserved_state
+    from scheduler.capture.state import preserved_state
 
     states = {"now": [torch.tensor([1], dtype=torch.uint8)]}
     calls: list[str] = []
