@@ -31,11 +31,12 @@ def _data(n: int, seq: int = 32) -> list[dict[str, torch.Tensor]]:
     return rows
 
 
-def _run(model: torch.nn.Module, out: Path) -> tuple[Any, list[float], dict[str, float]]:
+def _run(model: torch.nn.Module, out: Path, **args: Any
+         ) -> tuple[Any, list[float], dict[str, float]]:
     args = transformers.TrainingArguments(
         output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=2,
         per_device_eval_batch_size=2, logging_steps=1, save_strategy="no", report_to=[],
-        use_cpu=True, disable_tqdm=True)
+        use_cpu=True, disable_tqdm=True, **args)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=_data(16),
                                    eval_dataset=_data(4))
     trainer.train()
@@ -86,3 +87,36 @@ def test_trainer_with_default_arguments_runs_the_plan(tmp_path: Path) -> None:
         transformers.Trainer(model=plan.module, args=transformers.TrainingArguments(
             output_dir=str(tmp_path / "gc"), max_steps=1, gradient_checkpointing=True,
             report_to=[], use_cpu=True), train_dataset=_data(2)).train()
+
+
+@pytest.mark.slow
+def test_trainer_in_bf16_runs_the_plan_solved_under_autocast(tmp_path: Path) -> None:
+    """``bf16=True`` (Trainer's forward under bf16 autocast, with its cache of weight casts
+    on): the plan solved under the same autocast runs every step planned, with the losses of
+    the unmodified model's run, and its step measures within the budget by both counts (the
+    plan's code runs with the cache off, as profiled)."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.1)
+    model = transformers.LlamaForCausalLM(cfg)
+    plain = copy.deepcopy(model)
+    ours = copy.deepcopy(model).train()
+    x = torch.stack([r["input_ids"] for r in _data(2)])
+    batch = {"input_ids": x, "labels": x}
+    with warnings.catch_warnings(), torch.autocast("cpu", dtype=torch.bfloat16):
+        warnings.simplefilter("ignore")
+        plan = scheduler.solve(ours, batch, budget=0.7, time_limit_s=10, units="auto")
+    units = units_plan(plan.module)
+    assert units is not None and units.forwards
+
+    _, want, _ = _run(plain, tmp_path / "plain", bf16=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a unit that falls back fails here
+        _, got, _ = _run(plan.module, tmp_path / "plan", bf16=True)
+    assert len(got) == STEPS and got == want
+    assert units.planned_calls >= STEPS * len(units.forwards) and units.fallback_calls == 0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        m = scheduler.measure(plan.module.train(), batch, repeats=1)
+    assert m.peak_bytes <= plan.budget_bytes and m.allocator_peak_bytes <= plan.budget_bytes
+    assert units.fallback_calls == 0

@@ -38,6 +38,7 @@ import torch
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
+from ..capture.autocast_cache import Uncached
 from ..capture.calls import autocast_state, constant_key, input_specs, module_copy
 from ..capture.fingerprint import target_str
 from ..capture.trace import model_nodes
@@ -89,6 +90,9 @@ def rewrite_units(model: nn.Module, graph: CostGraph, schedule: Schedule, *, tra
     for path, at_calls in runs.items():
         variants = tuple(others.get(path, ()))
         if not any(r.recomputes for r in (at_calls[0], *variants)):
+            if graph.meta.get("autocast"):  # (its own code, with autocast's cache off)
+                unit = _copy_path(copies, path)
+                unit.__dict__["forward"] = Uncached(unit)
             continue
         if len(at_calls) > 1:
             raise ScheduleError(
