@@ -44,15 +44,20 @@ def _run(model: torch.nn.Module, out: Path, **args: Any
     return trainer, losses, trainer.evaluate()
 
 
-def test_trainer_with_default_arguments_runs_the_plan(tmp_path: Path) -> None:
+def _models() -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor]:
+    """Two copies of one tiny Llama (the unmodified one, the one to plan, in training mode)
+    and a batch of ids."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(  # a stock config, only sizes changed (use_cache=True)
         vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.1)
     model = transformers.LlamaForCausalLM(cfg)
-    plain = copy.deepcopy(model)
-    ours = copy.deepcopy(model).train()
-    x = torch.stack([r["input_ids"] for r in _data(2)])
+    return copy.deepcopy(model), copy.deepcopy(model).train(), torch.stack(
+        [r["input_ids"] for r in _data(2)])
+
+
+def test_trainer_with_default_arguments_runs_the_plan(tmp_path: Path) -> None:
+    plain, ours, x = _models()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         plan = scheduler.solve(ours, {"input_ids": x, "labels": x}, budget=0.75,
@@ -95,14 +100,7 @@ def test_trainer_in_bf16_runs_the_plan_solved_under_autocast(tmp_path: Path) -> 
     on): the plan solved under the same autocast runs every step planned, with the losses of
     the unmodified model's run, and its step measures within the budget by both counts (the
     plan's code runs with the cache off, as profiled)."""
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.1)
-    model = transformers.LlamaForCausalLM(cfg)
-    plain = copy.deepcopy(model)
-    ours = copy.deepcopy(model).train()
-    x = torch.stack([r["input_ids"] for r in _data(2)])
+    plain, ours, x = _models()
     batch = {"input_ids": x, "labels": x}
     with warnings.catch_warnings(), torch.autocast("cpu", dtype=torch.bfloat16):
         warnings.simplefilter("ignore")
