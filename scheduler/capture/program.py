@@ -15,6 +15,7 @@ is seen by the next run. With a ``root``, an attribute ``model.<path>`` is read 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Iterable
 
@@ -148,17 +149,11 @@ class Program:
         env = self.inputs_env(inputs)
         uncached = self.planned() if caches_casts() else frozenset()
         for i, node in enumerate(self.nodes):
-            if around is None:
-                def thunk(n: fx.Node = node) -> Any:
-                    return self.run_node(n, env)
-            else:
-                def thunk(n: fx.Node = node, i: int = i) -> Any:
-                    return around(i, n, lambda: self.run_node(n, env))
-            if node.name in uncached:
-                with cache_off():
-                    env[node.name] = thunk()
-            else:
-                env[node.name] = thunk()
+            with cache_off() if node.name in uncached else contextlib.nullcontext():
+                if around is None:
+                    env[node.name] = self.run_node(node, env)
+                else:
+                    env[node.name] = around(i, node, lambda n=node: self.run_node(n, env))
             self.free_after(i, env)
         return self.outputs(env)
 
