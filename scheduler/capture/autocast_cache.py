@@ -11,8 +11,8 @@ steady state under one ``autocast`` block, where the casts of the step before ar
 when a step begins. A node that saved such a cast saves it from the base (`saved_from_base`),
 named after the parameter it is a cast of (`cast_source`).
 
-The code a plan runs (`regions.CheckpointedStep`: the whole model's forward, or a unit's) runs
-with the cache off (`cache_off`), and the profile records those nodes so too
+The code a plan runs (`regions.CheckpointedStep`: the whole model's forward, or a unit's; a
+unit the plan keeps whole, `units.own.Uncached`) runs with the cache off (`cache_off`), and the profile records those nodes so too
 (`program.Program.run`): a cast there is an ordinary tensor, freed with its region's
 activations when a checkpoint drops them and made again by the replay, so checkpointing frees
 the casts as it frees everything else. Only the casts the model's own code makes outside the
@@ -32,8 +32,8 @@ import torch
 from ..ir.graph import Saved
 from ..measurement.storage import StorageTracker
 
-__all__ = ["Uncached", "cache_meta", "cache_off", "caches_casts", "cast_source",
-           "clear_cached", "mark_without_cached", "saved_from_base", "without_cached"]
+__all__ = ["cache_meta", "cache_off", "caches_casts", "cast_source", "clear_cached",
+           "mark_without_cached", "saved_from_base", "without_cached"]
 
 
 def caches_casts() -> bool:
@@ -55,31 +55,6 @@ def cache_off() -> Iterator[None]:
         yield
     finally:
         torch.set_autocast_cache_enabled(True)
-
-
-class Uncached:
-    """The ``forward`` of a units plan's unit that the plan keeps whole (no recompute region,
-    so it runs its own code): that code with autocast's cache off, as the profile recorded
-    every unit's (`program.Program.planned`); the cast weights are then freed as backward
-    uses them, not held until autocast exits. Off under ``torch.compile`` (whose graphs cache
-    no casts)."""
-
-    def __init__(self, module: torch.nn.Module):
-        self.module = module
-        base = module.__dict__.get("forward")  # (a forward the instance already overrides)
-        self.base = base if base is not None else type(module).forward
-        self._bound = base is not None
-
-    def _own(self, *args: Any, **kwargs: Any) -> Any:
-        if self._bound:
-            return self.base(*args, **kwargs)
-        return self.base(self.module, *args, **kwargs)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling() or not caches_casts():
-            return self._own(*args, **kwargs)
-        with cache_off():
-            return self._own(*args, **kwargs)
 
 
 def cast_source(t: torch.Tensor, name_of: Callable[[torch.Tensor], str | None]) -> str | None:

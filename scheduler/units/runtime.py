@@ -38,7 +38,6 @@ import torch
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from ..capture.autocast_cache import Uncached
 from ..capture.calls import autocast_state, constant_key, input_specs, module_copy
 from ..capture.fingerprint import target_str
 from ..capture.trace import model_nodes
@@ -52,6 +51,7 @@ from ..rewrite import MAX_TRACES, check_on_fallback, first_line, report_fallback
 from . import capture
 from .cache import NoCacheInTraining, without_cache
 from .engine import EngineCheck
+from .own import OwnForward, Uncached
 from .plans import UnitsPlan, input_shapes
 from .share import SharedTraces, kind
 from .variants import UnitRun, match_ops, renamed, runs_from_meta, unit_op, unit_runs, with_extras
@@ -169,7 +169,7 @@ class _UnitCall(nn.Module):
 _TENSOR = object()  # a tensor leaf's place among a call's constants
 
 
-class UnitForward:
+class UnitForward(OwnForward):
     """The ``forward`` of a planned unit's copy (module docstring).
 
     Attributes:
@@ -193,12 +193,10 @@ class UnitForward:
     def __init__(self, unit: nn.Module, run: UnitRun, tracer: str, *, path: str,
                  on_fallback: str = "warn", once: set[str] | None = None,
                  variants: tuple[UnitRun, ...] = (), shared: SharedTraces | None = None):
-        self.module, self.run, self.variants, self.tracer = unit, run, variants, tracer
+        super().__init__(unit)
+        self.run, self.variants, self.tracer = run, variants, tracer
         self.regions, self.ops, self.flop_saves = run.regions, run.ops, run.flop_saves
         self.path = path
-        base = unit.__dict__.get("forward")
-        self.base = base if base is not None else type(unit).forward
-        self._bound = base is not None
         self._steps: dict[Any, CheckpointedStep | str] = {}  # per call signature and shapes
         # per call signature but its sizes: a step traced for all sizes (`capture.shapes`), or
         # None where the first trace was not (the steps are then per shapes, in ``_steps``)
@@ -249,12 +247,6 @@ class UnitForward:
     def __repr__(self) -> str:  # noqa: D105
         rc = sum(r.policy != "keep" for r in self.regions)
         return f"UnitForward({self.path!r}, {len(self.regions)} regions, {rc} recomputed)"
-
-    def own(self, *args: Any, **kwargs: Any) -> Any:
-        """The unit's own forward."""
-        if self._bound:
-            return self.base(*args, **kwargs)
-        return self.base(self.module, *args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not (torch.is_grad_enabled() and self.module.training):
