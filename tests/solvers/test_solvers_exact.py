@@ -141,19 +141,14 @@ DP_FAST = [range(s, s + 10) for s in range(0, 20, 10)]  # 20 chains of 4..7 node
 DP_SLOW = [range(s, s + 10) for s in range(20, 150, 10)]  # 130 chains of 4..7 nodes
 
 
-@pytest.mark.parametrize("seeds", DP_FAST, ids=lambda r: f"chains{r.start}-{r.stop - 1}")
+@pytest.mark.parametrize("seeds", [*DP_FAST, *(pytest.param(r, marks=pytest.mark.slow)
+                                                for r in DP_SLOW)],
+                         ids=lambda r: f"chains{r.start}-{r.stop - 1}")
 def test_dp_equals_brute_force_on_chains(seeds: range) -> None:
     for seed in seeds:
         g = _graph("chain", seed, max_nodes=7)
         assert table_for(g)[0].points == list(range(len(g.compute_nodes) + 1))
         _compare_dp(seed, g)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("seeds", DP_SLOW, ids=lambda r: f"chains{r.start}-{r.stop - 1}")
-def test_dp_equals_brute_force_on_more_chains(seeds: range) -> None:
-    for seed in seeds:
-        _compare_dp(seed, _graph("chain", seed, max_nodes=7))
 
 
 @pytest.mark.parametrize("name", ["gpt", "mlp"])
