@@ -21,9 +21,10 @@ is OPTIMAL (nothing in the full space does better). Otherwise it goes on with ``
 schedules), ``cpsat`` (exact over region schedules of general graphs, within the
 time limit) and, when something fits and there is a time limit, ``cpsat_fine`` (a finer space,
 for `SolverConfig.fine_share` of the limit, warm-started from the best so far), and returns
-the schedule with the least recompute time whose simulated peak fits. Where nothing of that
-fits and blocks repeat, ``blocks_nested`` (two-level regions over the chain of blocks) tries
-the budget first.
+the schedule with the least recompute time whose simulated peak fits. Where blocks repeat and
+neither a baseline, the floor's offers nor ``blocks`` fits, ``blocks_nested`` (two-level
+regions over the chain of blocks) runs before ``relax``, and its schedule is a candidate too:
+it needs no clock, and below the one-level floor it is what fits.
 
 That answer is certified (`certify.certify`) with what is left of the limit, against the best
 of relax's bound and the one solved then: OPTIMAL only where the bound reaches the schedule's
@@ -145,6 +146,13 @@ def _auto(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
         if repeats and (not expired() or table_built(graph, config=config)) else []
     if repeats and not blocked:
         skipped.append("blocks")
+    nested = []
+    if repeats and not expired() and not any(
+            r.status != INFEASIBLE for r in blocked + early + baselines):
+        # below what the one-level block DP reaches: two-level regions over the chain of
+        # blocks, before the searches that the clock stops take the rest of the limit (no
+        # clock: a second or two where the table has a few thousand simulations)
+        nested = [get_solver("blocks_nested")(graph, budget_bytes, config=config)]
     relaxed = None
     if not (short() and (blocked or early or expired())):
         relaxed = get_solver("relax")(
@@ -161,7 +169,7 @@ def _auto(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
             graph, budget_bytes, config=config,
             time_limit_s=None if time_limit_s is None else max(config.min_solve_s, left())))
     reserve = 0.0 if time_limit_s is None else config.fine_share * time_limit_s
-    fitting = [r for r in results + early + baselines if r.status != INFEASIBLE]
+    fitting = [r for r in results + nested + early + baselines if r.status != INFEASIBLE]
     if time_limit_s is None or left() >= config.min_solve_s or not fitting:
         # (with nothing that fits yet, it runs with however little time is left: at least
         # its cheap warm starts, which may fit where the others did not)
@@ -179,7 +187,8 @@ def _auto(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
         results.append(get_solver("cpsat_fine")(
             graph, budget_bytes, time_limit_s=min(left(), config.fine_share * time_limit_s),
             warm=best.schedule, config=config))
-    results += early + baselines + ([chained] if chained is not None and chained.fits else [])
+    results += nested + early + baselines + (
+        [chained] if chained is not None and chained.fits else [])
     fitting = [r for r in results if r.status != INFEASIBLE]
     if fitting:
         # ties go to the earlier entry, so dp wins a tie with a baseline
@@ -191,12 +200,6 @@ def _auto(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
             best = replace(best, schedule=replace(
                 best.schedule, meta={**best.schedule.meta, "auto_skipped": skipped}))
         return replace(best, solve_s=time.perf_counter() - started)
-    if repeats and not expired():
-        # below what one level reaches: two-level regions over the chain of blocks
-        nested = get_solver("blocks_nested")(graph, budget_bytes, config=config)
-        if nested.fits:
-            return replace(certify(graph, nested, config=config),
-                           solve_s=time.perf_counter() - started)
     # nothing fits: the floor (the same for every budget on this graph and limit) decides
     least = floor(graph, time_limit_s=time_limit_s, config=config)
     if least.bytes <= budget_bytes:

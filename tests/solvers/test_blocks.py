@@ -231,6 +231,34 @@ def test_nested_floor_is_below_the_one_level_floor() -> None:
     assert r.fits and r.schedule.depth == 2
 
 
+def test_auto_tries_two_levels_before_the_searches_that_the_clock_stops(monkeypatch) -> None:
+    """Below the one-level block floor, with the floor's block offer out of reach (its table
+    over the offer's share, as on another CPU's profile) and a machine so busy that relax, dp
+    and cpsat spend the whole limit (stand-ins that wait it out): auto still answers the
+    two-level schedule, which needs no clock (CI once got InfeasibleBudgetError here)."""
+    import time
+
+    from scheduler.solvers import base
+    from scheduler.solvers.deadline import left
+    g = _gpt(8, batch=16, seq=64)
+    nested = floor_bytes(table_of(g, nested=True, fine=True))
+    assert nested < floor_bytes(table_of(g, fine=True))
+    offers = {k: v for k, v in base.least_peak_offers().items() if k != "blocks"}
+    monkeypatch.setattr(base, "_LEAST_PEAK", offers)
+
+    def busy(name: str) -> Any:
+        def solve(graph: CostGraph, budget: int, **_: Any) -> Any:
+            time.sleep(max(0.0, left() or 0.0))
+            return base.finish(graph, budget, None, solver=name, started=time.perf_counter(),
+                               status=INFEASIBLE)
+        return solve
+
+    for name in ("relax", "dp", "cpsat", "cpsat_fine"):
+        monkeypatch.setitem(base._REGISTRY, name, busy(name))
+    r = get_solver("auto")(g, nested, time_limit_s=3.0)
+    assert r.fits and r.schedule.depth == 2, r
+
+
 def test_auto_uses_blocks_and_skips_what_would_start_past_the_limit(recorded_graph,
                                                                       monkeypatch) -> None:
     """As on a deep graph (`DEEP_NODES` lowered to 0): with the limit spent by the block DP,
