@@ -147,11 +147,13 @@ def _auto(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
     if repeats and not blocked:
         skipped.append("blocks")
     nested = []
-    if repeats and not expired() and not any(
-            r.status != INFEASIBLE for r in blocked + early + baselines):
+    if repeats and (not expired() or table_built(graph, config=config, nested=True)) \
+            and not any(r.status != INFEASIBLE for r in blocked + early + baselines):
         # below what the one-level block DP reaches: two-level regions over the chain of
         # blocks, before the searches that the clock stops take the rest of the limit (no
-        # clock: a second or two where the table has a few thousand simulations)
+        # clock: a second or two where the table has a few thousand simulations; past the
+        # deadline where the table is built, as by an earlier solve of the graph at a
+        # smaller budget: `stash` solves with room for the RNG state first)
         nested = [get_solver("blocks_nested")(graph, budget_bytes, config=config)]
     relaxed = None
     if not (short() and (blocked or early or expired())):

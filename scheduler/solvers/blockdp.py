@@ -123,12 +123,14 @@ def table_of(graph: CostGraph, *, max_span: int = MAX_SPAN,
     return cache[key]
 
 
-def table_built(graph: CostGraph, *, config: SolverConfig | None = None) -> bool:
-    """Whether `block_dp`'s table for ``graph`` (default span and stages) is built already,
-    so that a solve with it takes a search, not thousands of simulations."""
+def table_built(graph: CostGraph, *, config: SolverConfig | None = None,
+                nested: bool = False) -> bool:
+    """Whether `block_dp`'s table for ``graph`` (default span and stages; ``nested``:
+    `nested_block_dp`'s) is built already, so that a solve with it takes a search, not
+    thousands of simulations."""
     work, _ = _work_of(graph)
     fine = fine_stages(graph)
-    key = (MAX_SPAN, (config or SolverConfig()).save_top, False, fine)
+    key = (MAX_SPAN, (config or SolverConfig()).save_top, nested, fine)
     return key in graph_cache(work, "block tables")
 
 

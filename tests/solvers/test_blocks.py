@@ -235,7 +235,8 @@ def test_auto_tries_two_levels_before_the_searches_that_the_clock_stops(monkeypa
     """Below the one-level block floor, with the floor's block offer out of reach (its table
     over the offer's share, as on another CPU's profile) and a machine so busy that relax, dp
     and cpsat spend the whole limit (stand-ins that wait it out): auto still answers the
-    two-level schedule, which needs no clock (CI once got InfeasibleBudgetError here)."""
+    two-level schedule, which needs no clock (CI once got InfeasibleBudgetError here), and
+    past the deadline too where its table is built."""
     import time
 
     from scheduler.solvers import base
@@ -256,6 +257,10 @@ def test_auto_tries_two_levels_before_the_searches_that_the_clock_stops(monkeypa
     for name in ("relax", "dp", "cpsat", "cpsat_fine"):
         monkeypatch.setitem(base._REGISTRY, name, busy(name))
     r = get_solver("auto")(g, nested, time_limit_s=3.0)
+    assert r.fits and r.schedule.depth == 2, r
+    # past the deadline at once (as a second solve, with room for the RNG stash, that the
+    # first left no time), the two-level table built: its search still runs
+    r = get_solver("auto")(g, nested, time_limit_s=1e-3)
     assert r.fits and r.schedule.depth == 2, r
 
 
