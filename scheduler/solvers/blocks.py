@@ -16,13 +16,14 @@ times and names: each node's op, target with its integers blanked, output shape 
 pack mark, inputs and saved tensors (as positions relative to the stage, or the kind of a
 parameter/input), every forward storage event with the storage's bytes, flags, last reader,
 savers and views (relative), and the stage's backward steps with their gradient events
-(gradient ids renumbered in order of appearance). Times are not hashed: profiled times of
-identical layers differ by noise. Instead every node's forward time and every backward step's
-time must lie within `TIME_RTOL` of the kind's median (plus `TIME_ATOL`), else the stage gets
-a kind of its own. The tolerance is loose on purpose: on the recorded GPT example, identical layers'
-microsecond ops differ by a factor of nearly two, while a real difference in work changes shapes or bytes, which are hashed exactly;
-and `blockdp` measures each stage's replay time on its own position, so the tolerance never
-enters a cost, only the choice of which node positions a kind's save sets hold.
+(gradient ids renumbered in order of appearance). Times are not part of a kind: profiled
+times of identical layers differ by noise (on the recorded GPT example by a factor of nearly
+two; on a busy machine more), while a real difference in work changes shapes or bytes, which
+are hashed exactly. `blockdp` measures each stage's replay time on its own position, so a
+kind's times never enter a cost, only the choice of which node positions its save sets hold
+(by the kind's median). Kinds once split where a time left a tolerance of the median: on a
+busy machine that made the blocks of one profile not repeat, and the block DP's space
+depended on the machine's load.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import hashlib
 import re
 from dataclasses import dataclass
 from itertools import pairwise
-from statistics import median
 
 from ..ir.graph import CostGraph
 from .base import graph_cache
@@ -43,8 +43,6 @@ __all__ = [
     "MAX_PERIOD",
     "PREFIX",
     "SUFFIX",
-    "TIME_ATOL",
-    "TIME_RTOL",
     "Blocks",
     "Stage",
     "find_blocks",
@@ -52,10 +50,6 @@ __all__ = [
 ]
 
 PREFIX, BLOCK, BETWEEN, SUFFIX = "prefix", "block", "between", "suffix"
-#: identical stages' node times may differ from the kind's median by this fraction ...
-TIME_RTOL = 1.0
-#: ... plus this many seconds (timer resolution and launch jitter of the smallest ops)
-TIME_ATOL = 5e-6
 
 #: without block labels, a block is at most this many pieces between chain cuts (the search
 #: for the period is O(MAX_PERIOD * pieces))
@@ -169,18 +163,6 @@ def _steps_in(graph: CostGraph, steps_of: dict[str, list[int]], names: list[str]
     return [graph.bwd_steps[i] for i in sorted(i for x in names for i in steps_of.get(x, ()))]
 
 
-def _times(graph: CostGraph, start: int, stop: int, *,
-           layout: tuple[list[str], dict[str, list[int]]] | None = None) -> list[float]:
-    compute, steps_of = layout or graph_layout(graph)
-    names = compute[start:stop]
-    return ([graph.node(x).time_s for x in names]
-            + [s.time_s for s in _steps_in(graph, steps_of, names)])
-
-
-def _close(t: float, med: float) -> bool:
-    return abs(t - med) <= TIME_RTOL * med + TIME_ATOL
-
-
 def _periodic(sigs: list[str]) -> tuple[int, int, int] | None:
     """(first piece, period, repetitions) of the longest run of pieces that repeats with a
     period (at least twice); ties: the smaller period, then the earlier run."""
@@ -245,25 +227,10 @@ def _pairs(points: list[int]) -> list[tuple[int, int]]:
 
 def _kinds(graph: CostGraph, stages: list[tuple[int, int, str]],
            fixed: frozenset[str]) -> tuple[Stage, ...]:
-    """Stages with kinds: blocks by signature, split where a time leaves the tolerance;
-    every other stage a kind of its own."""
-    groups: dict[str, list[int]] = {}
+    """Stages with kinds: blocks by signature; every other stage a kind of its own."""
+    kind_of: dict[str, int] = {}
     at = graph_layout(graph)
-    for i, (a, b, role) in enumerate(stages):
-        key = (stage_signature(graph, a, b, fixed, layout=at) if role == BLOCK
-               else f"{role}:{i}")
-        groups.setdefault(key, []).append(i)
-    kind = [0] * len(stages)
-    next_kind = 0
-    for members in groups.values():
-        times = [_times(graph, *stages[i][:2], layout=at) for i in members]
-        meds = [median(col) for col in zip(*times)]
-        fits = [i for i, t in zip(members, times) if all(map(_close, t, meds))]
-        for i in members:
-            if i not in fits:
-                kind[i] = next_kind
-                next_kind += 1
-        for i in fits:
-            kind[i] = next_kind
-        next_kind += 1 if fits else 0
+    kind = [kind_of.setdefault(stage_signature(graph, a, b, fixed, layout=at) if role == BLOCK
+                               else f"{role}:{i}", len(kind_of))
+            for i, (a, b, role) in enumerate(stages)]
     return tuple(Stage(a, b, role, kind[i]) for i, (a, b, role) in enumerate(stages))

@@ -95,6 +95,19 @@ def test_recorded_graphs_blocks(recorded_graph) -> None:
     assert not find_blocks(recorded_graph("hf_gpt2")).repeats
 
 
+def test_kinds_do_not_depend_on_times() -> None:
+    """A layer timed three times slower (a busy machine) is still its siblings' kind: kinds
+    come from structure alone, so that the block DP's space does not follow the load."""
+    from dataclasses import replace
+    g = _gpt(5)
+    stages = find_blocks(g).stages
+    slow = set(g.compute_nodes[stages[2].start:stages[2].stop])
+    noisy = replace(g, nodes=[replace(n, time_s=3 * n.time_s + 1e-4) if n.name in slow else n
+                              for n in g.nodes])
+    assert [s.kind for s in find_blocks(noisy).stages] == [s.kind for s in stages]
+    assert find_blocks(noisy, fine=True).repeats
+
+
 def test_different_blocks_are_not_merged() -> None:
     kinds = [k for r, k in _kinds(_stack([32, 32, 48, 32, 32])) if r == BLOCK]
     assert kinds[0] == kinds[1] == kinds[3] and kinds[2] != kinds[0]
