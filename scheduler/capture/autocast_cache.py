@@ -12,8 +12,8 @@ when a step begins. A node that saved such a cast saves it from the base (`saved
 named after the parameter it is a cast of (`cast_source`).
 
 The code a plan runs (`regions.CheckpointedStep`: the whole model's forward, or a unit's; a
-unit the plan keeps whole, `units.own.Uncached`) runs with the cache off (`cache_off`), and the profile records those nodes so too
-(`program.Program.run`): a cast there is an ordinary tensor, freed with its region's
+unit the plan keeps whole, `units.own.Uncached`) runs with the cache off (`cache_off`), and
+the profile records those nodes so too (`program.Program.run`): a cast there is an ordinary tensor, freed with its region's
 activations when a checkpoint drops them and made again by the replay, so checkpointing frees
 the casts as it frees everything else. Only the casts the model's own code makes outside the
 planned code (between units, the loss) are cached and held in the base. What it costs: a

@@ -13,18 +13,17 @@ recomputed, so nothing does better.
 A budget below `floor.universal_bound` fits no schedule at all: the floor gets the whole
 limit and the answer is INFEASIBLE. Otherwise it runs every baseline; where none fits, the
 floor's deterministic offers (`floor_offers.offered`, cached per graph) next, from the start
-of the limit, so that a budget an error named finds its schedule again; then ``relax``
+of the limit, so that a budget an error named finds its schedule again; then, where blocks
+repeat, ``blocks`` (exact over the chain of repeated blocks) and, where neither it, a
+baseline nor the floor's offers fits, ``blocks_nested`` (two-level regions over the chain of
+blocks: it needs no clock, and below the one-level floor it is what fits); then ``relax``
 (schedules read off the full-space relaxation, with its proven bound, for
 `SolverConfig.relax_share` of the time limit), and returns at once when that
-is OPTIMAL (nothing in the full space does better). Otherwise it goes on with ``blocks``
-(exact over the chain of repeated blocks, where blocks repeat), ``dp`` (exact over chain
-schedules), ``cpsat`` (exact over region schedules of general graphs, within the
+is OPTIMAL (nothing in the full space does better). Otherwise it goes on with ``dp`` (exact
+over chain schedules), ``cpsat`` (exact over region schedules of general graphs, within the
 time limit) and, when something fits and there is a time limit, ``cpsat_fine`` (a finer space,
 for `SolverConfig.fine_share` of the limit, warm-started from the best so far), and returns
-the schedule with the least recompute time whose simulated peak fits. Where blocks repeat and
-neither a baseline, the floor's offers nor ``blocks`` fits, ``blocks_nested`` (two-level
-regions over the chain of blocks) runs before ``relax``, and its schedule is a candidate too:
-it needs no clock, and below the one-level floor it is what fits.
+the schedule with the least recompute time whose simulated peak fits, of all these.
 
 That answer is certified (`certify.certify`) with what is left of the limit, against the best
 of relax's bound and the one solved then: OPTIMAL only where the bound reaches the schedule's

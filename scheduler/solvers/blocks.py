@@ -230,7 +230,6 @@ def _kinds(graph: CostGraph, stages: list[tuple[int, int, str]],
     """Stages with kinds: blocks by signature; every other stage a kind of its own."""
     kind_of: dict[str, int] = {}
     at = graph_layout(graph)
-    kind = [kind_of.setdefault(stage_signature(graph, a, b, fixed, layout=at) if role == BLOCK
-                               else f"{role}:{i}", len(kind_of))
-            for i, (a, b, role) in enumerate(stages)]
-    return tuple(Stage(a, b, role, kind[i]) for i, (a, b, role) in enumerate(stages))
+    return tuple(Stage(a, b, role, kind_of.setdefault(
+        stage_signature(graph, a, b, fixed, layout=at) if role == BLOCK else f"{role}:{i}",
+        len(kind_of))) for i, (a, b, role) in enumerate(stages))
