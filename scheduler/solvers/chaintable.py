@@ -5,6 +5,7 @@ space and why its entries compose exactly.
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
@@ -225,33 +226,31 @@ class ChainTable:
         return best
 
     def _measure_all(self, graph: CostGraph) -> None:
-        """Every entry, in as few simulations as do not overlap: the jobs of one kind's span,
-        option and state go together (one per call), split where two would overlap."""
-        groups: dict[tuple, list[tuple[int, int, int, State]]] = defaultdict(list)
-        index = {x: i for i, x in enumerate(graph.compute_nodes)}
-        for (a, b), opts in self.options.items():
-            key0 = self.kind_spans.get((a, b), ("between", a, b))
+        """Every entry, in as few simulations as do not overlap: each job (a region option
+        after an entry state, with the region before that leaves the state) is an interval
+        of positions; intervals are packed into simulations by the classic partition (by
+        start, each into the simulation free soonest), as many as the deepest overlap.
+        Jobs of one simulation do not disturb each other where the composition is exact,
+        which is what `exact` checks."""
+        jobs = []
+        for (a, b), opts in sorted(self.options.items()):
             for o in range(len(opts)):
                 for q in self.states[a]:
-                    # (the state's producers relative to the boundary: one key per kind)
-                    rel = None if q is None else (q[0], tuple(sorted(
-                        index[x] - self.points[a] for x in q[1])))
-                    groups[key0, o, rel].append((a, b, o, q))
-        for _, jobs in sorted(groups.items(), key=lambda kv: repr(kv[0])):
-            pending = sorted(jobs)
-            while pending:
-                placed, used, rest = [], [], []
-                for job in pending:
-                    a, b, o, q = job
                     fill = None if q is None else self._filler(a, q)
-                    lo = a if fill is None else fill[0]
-                    if any(lo < y and x < b for x, y in used):
-                        rest.append(job)
-                        continue
-                    used.append((lo, b))
-                    placed.append((job, fill))
-                self._simulate(graph, placed)
-                pending = rest
+                    jobs.append((a if fill is None else fill[0], b, o, a, q, fill))
+        jobs.sort(key=lambda j: (j[0], j[1], j[2], j[3], repr(j[4])))
+        sims: list[list] = []
+        free: list[tuple[int, int]] = []  # (the end of its last job, simulation index)
+        for lo, b, o, a, q, fill in jobs:
+            if free and free[0][0] <= lo:
+                _, k = heapq.heappop(free)
+            else:
+                k = len(sims)
+                sims.append([])
+            sims[k].append(((a, b, o, q), fill))
+            heapq.heappush(free, (b, k))
+        for placed in sims:
+            self._simulate(graph, placed)
 
     def _simulate(self, graph: CostGraph, placed: list) -> None:
         pts, names = self.points, graph.compute_nodes

@@ -75,6 +75,36 @@ def test_equals_brute_force_on_hf_llama_units() -> None:
     _check(g)
 
 
+def test_composition_equals_simulate_on_random_schedules_of_the_hf_llama() -> None:
+    """Random paths through the 2-layer Llama's table (every region option after the state
+    the path leaves): their composed peak and time, the DP's sums, against `simulate`, which
+    measured each entry in another context (the table packs non-overlapping jobs into one
+    simulation)."""
+    import random
+
+    g = _llama()
+    table = table_of(g)
+    assert table.exact
+    rng = random.Random(0)
+    last = len(table.points) - 1
+    for _ in range(60):
+        a, q, held, peak, t, spans = 0, None, 0, 0, 0.0, []
+        while a < last:
+            b = rng.choice(table.starts[a])
+            o = rng.randrange(len(table.options[a, b]))
+            e = table.entries[a, b, o, q]
+            peak = max(peak, held + e.local)
+            held += e.held
+            t += e.time_s
+            if b == last:
+                peak = max(peak, held + e.tail_local)
+            spans.append((table.points[a], table.points[b], *table.options[a, b][o]))
+            q, a = table.leaves(b, *table.options[a, b][o]), b
+        est = simulate(g, Schedule.from_regions(g, spans))
+        assert est.peak_bytes == peak
+        assert est.recompute_s == pytest.approx(t, rel=1e-9, abs=1e-12)
+
+
 def test_skips_across_calls_are_never_claimed() -> None:
     """A DAG whose skip connections cross two boundaries composes inexactly: chain still
     answers with simulated schedules but claims nothing."""
