@@ -30,8 +30,10 @@ limit. It claims OPTIMAL only where every measured entry was separable (`RegionC
 schedule's own simulation agrees with the composed peak; else the schedule (simulated, so it
 fits) is FEASIBLE.
 
-**Cost.** A few simulations per option and entry state of each unit kind (not per call), then
-a DP linear in the number of calls (times the fronts' sizes). The least peak over the space
+**Cost.** As many simulations as region options (with the region before them) overlap at
+one position: the table packs every job that does not overlap another into one simulation
+(`ChainTable._measure_all`), whatever the number of calls; then a DP linear in the number
+of calls (times the fronts' sizes). The least peak over the space
 (`least_peak`) is one DP over (held, peak) fronts: exact, no binary search.
 """
 
