@@ -5,27 +5,35 @@ with the model's own code between them, which is always kept. Every recompute re
 within one call (`ir.replays.recompute_limits`).
 
 **Space** (written to ``schedule.meta["space"]``). Region boundaries at every call's start
-and end and at the *unit cuts* inside the calls: positions that at most one storage crosses
-of those the call itself reads or saves from there on or made before there (`unit_cuts`; one
-set per unit kind, kept where it holds for every call of the kind). Each region within a call
-is ``keep`` (between two neighbouring boundaries; a longer keep region is the run of them) or
-``recompute`` over any run of boundaries the rewriter runs (a whole call recomputed included),
-saving nothing or its 1 .. ``SolverConfig.save_top`` slowest allocating nodes (by the kind's
-median time, as `dp.save_candidates` ranks). The code between calls is one keep region.
-It contains ``every_block`` (each call recomputed whole) and the schedules that keep every
-call; it does not contain boundaries between unit cuts, other save sets, or recompute
-regions over several calls (which the runtime does not execute yet).
+and end and at the *unit cuts* inside the calls (`chaintable.unit_cuts`; one set per unit
+kind, kept where it holds for every call of the kind): positions where at most one storage
+made since the boundary before crosses, and every other crossing storage is an *anchor* (a
+residual stream) that the region starting at the first boundary it crosses holds whatever
+that region is. Each region within a call is ``keep`` (between two neighbouring boundaries;
+a longer keep region is the run of them) or ``recompute`` over any run of boundaries the
+rewriter runs (a whole call recomputed included), saving nothing or its 1 ..
+``SolverConfig.save_top`` slowest allocating nodes (by the kind's median time, as
+`dp.save_candidates` ranks) but not its own output where that crosses its end, and never
+spanning an anchor's first boundary while making the anchor and passing it on. The code
+between calls is one keep region. It contains ``every_block`` (each call recomputed whole)
+and the schedules that keep every call; it does not contain the other boundaries, other
+save sets, or recompute regions over several calls (which the runtime does not execute
+yet).
 
 **Why it is exact.** As in `dp`: at region boundaries that one activation crosses, the
 simulator's peak is ``max_j (H_<j + L_j)`` (and the loss region's local peak after the last
 one), where ``L_j``, ``H_j`` and the recompute time of region j depend only on the region and
-on what the region before leaves for the activation that enters it (kept, dropped, or cached
-by a save set: `leaves`). The numbers are the simulator's own (`region_costs`): each region
-option of each call is measured once, after each state it may be entered in. Calls of one
-kind share their options, and one simulation measures an option at every call of the kind at
-once (each call has its own numbers: the gradients later calls left alive, what the first call
-frees, differ by position). The DP then keeps, per boundary and entry state, the Pareto front
-of (bytes held, recompute time) over the prefixes that fit: integers, no rounding, no time
+on what the region before leaves for the activation that enters it (kept or dropped:
+`leaves`). An anchor crossing several boundaries does not break this: the region starting at
+the first of them holds it (a node there saves it, or that region recomputes and so holds it
+as an input) from its making to that region's backward, so its bytes are that region's
+``H``, the same at every later moment, whatever the later regions are. A recompute region
+that caches its own output for the next region would hold it or not by the next region's
+policy, so that option is left out. The numbers are the simulator's own (`region_costs`):
+each region option of each call is measured after each state it may be entered in (each
+call has its own numbers: the gradients later calls left alive, what the first call frees,
+differ by position). The DP then keeps, per boundary and entry state, the Pareto front of
+(bytes held, recompute time) over the prefixes that fit: integers, no rounding, no time
 limit. It claims OPTIMAL only where every measured entry was separable (`RegionCost`) and the
 schedule's own simulation agrees with the composed peak; else the schedule (simulated, so it
 fits) is FEASIBLE.
@@ -194,9 +202,11 @@ def space_of(table: ChainTable) -> str:
     """What ``schedule.meta["space"]`` says of the table's space."""
     kinds = len(set(table.kinds))
     return (f"chain of {len(table.calls)} unit calls ({kinds} kind{'s' * (kinds != 1)}); "
-            "regions within one call, bounded at the call's ends and its unit cuts (at most "
-            "one storage crosses); keep, or recompute saving nothing or at most the "
-            f"{table.save_top} slowest allocating nodes; code between calls kept")
+            "regions within one call, bounded at the call's ends and its unit cuts (one storage "
+            "made since the boundary before crosses, besides residual anchors the region "
+            "after their first boundary holds); keep, or recompute saving nothing or at most "
+            f"the {table.save_top} slowest allocating nodes, not its own output; code between "
+            "calls kept")
 
 
 @register("chain")

@@ -1,22 +1,23 @@
 """The region table of `chain`: every region option of the unit calls, after every entry
-state, measured with the simulator once per unit kind (`ChainTable`); see `chain` for the
-space and why its entries compose exactly.
+state, measured with the simulator (`ChainTable`), between the boundaries `chaincuts`
+finds; see `chain` for the space and why its entries compose exactly.
 """
 
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
 from statistics import median
 
-from ..cost.simulate import region_costs, storage_readers
+from ..cost.simulate import region_costs
 from ..ir.graph import CostGraph
 from ..ir.replays import recompute_limits, unit_calls
 from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule
 from .base import graph_cache
 from .blocks import graph_layout, stage_signature
+from .chaincuts import (chained, positions_of, saver_positions, shared_inputs,
+                        spans_anchor, unit_cuts)
 from .config import SolverConfig
 
 __all__ = ["ChainTable", "Entry", "State", "applies", "table_of", "unit_cuts"]
@@ -44,72 +45,6 @@ class Entry:
 def applies(graph: CostGraph) -> bool:
     """Whether ``chain`` solves ``graph``: it has units, called at least once."""
     return bool(graph.units) and bool(unit_calls(graph))
-
-
-def _positions(graph: CostGraph) -> tuple[int, dict[int, tuple[int, list[int]]]]:
-    """``(n, {storage: (producer position, sorted positions that read or save it)})`` over
-    ``graph.compute_nodes``. A node outside the compute nodes (the loss, an export's metadata
-    assert) counts at the position of the next compute node (n after the last): a saver
-    there holds the storage, a recorded last use there keeps it alive until then, and a mere
-    reader there (an assert) holds nothing and is left out."""
-    names = graph.compute_nodes
-    n = len(names)
-    at: dict[str, int] = {}
-    k = 0
-    for node in graph.nodes:
-        at[node.name] = k
-        if not node.is_loss:
-            k += 1
-    compute = set(names)
-    readers = storage_readers(graph)
-    out = {}
-    for sid, st in graph.storages.items():
-        p = at[st.producer] if st.producer in compute else n
-        used = {at[r] for r in (*st.savers, st.last_use)}
-        used |= {at[r] for r in readers[sid] if r in compute}
-        out[sid] = (p, sorted(used - {p}))
-    return n, out
-
-
-def _crossing(graph: CostGraph, start: int, stop: int) -> dict[int, list[int]]:
-    """For each position c in ``(start, stop)``: the storages crossing it that a region
-    boundary there must account for: made before c and read or saved at or after c, where
-    they were made in the call ``[start, stop)`` or are read or saved in it from c on."""
-    _, pos = _positions_of(graph)
-    out: dict[int, list[int]] = {c: [] for c in range(start + 1, stop)}
-    for sid, (p, uses) in pos.items():
-        if not uses or uses[-1] <= start or p >= stop - 1:
-            continue
-        for c in range(max(start + 1, p + 1), stop):
-            if p >= start:
-                if uses[-1] >= c:
-                    out[c].append(sid)
-            else:
-                j = bisect_left(uses, c)
-                if j < len(uses) and uses[j] < stop:
-                    out[c].append(sid)
-    return out
-
-
-def _positions_of(graph: CostGraph) -> tuple[int, dict[int, tuple[int, list[int]]]]:
-    cache = graph_cache(graph, "chain positions")
-    if "p" not in cache:
-        cache["p"] = _positions(graph)
-    return cache["p"]
-
-
-def unit_cuts(graph: CostGraph, start: int, stop: int) -> list[int]:
-    """Positions inside the call ``[start, stop)`` (relative to ``start``) where a region
-    boundary keeps the composition exact: at most one storage crosses (`_crossing`), made
-    after the boundary before it (the call's start or the previous cut taken, left to right),
-    so that what crosses is made by the region just before."""
-    _, pos = _positions_of(graph)
-    out, prev = [], start
-    for c, sids in sorted(_crossing(graph, start, stop).items()):
-        if len(sids) <= 1 and all(pos[sid][0] >= prev for sid in sids):
-            out.append(c - start)
-            prev = c
-    return out
 
 
 class ChainTable:
@@ -140,7 +75,7 @@ class ChainTable:
         for k, calls_k in members.items():
             sets = [set(unit_cuts(graph, *self.calls[i])) for i in calls_k]
             rel_cuts[k] = sorted(set.intersection(*sets))
-            # (a cut some call lacks may leave another's storage crossing two: `_chained`
+            # (a cut some call lacks may leave another's storage crossing two: `chained`
             # then says so, and nothing is claimed)
         pts = {0, n}
         for i, (a, b) in enumerate(self.calls):
@@ -148,6 +83,7 @@ class ChainTable:
         self.points = sorted(pts)
         at = {p: j for j, p in enumerate(self.points)}
         limits = recompute_limits(graph)
+        _, pos = positions_of(graph)
         # spans: (a, b) boundary indices -> options; `owner[a, b]`: (call index or None)
         self.options: dict[tuple[int, int], list[Option]] = {}
         self.owner: dict[tuple[int, int], int | None] = {}
@@ -160,12 +96,14 @@ class ChainTable:
             call_at = b
             k = self.kinds[ci]
             inner = [j for j in range(at[a], at[b] + 1)]
+            made = {sid: pu for sid, pu in pos.items() if a <= pu[0] < b}  # (made here)
             for x in range(len(inner)):
                 for y in range(x + 1, len(inner)):
                     ja, jb = inner[x], inner[y]
                     pa, pb = self.points[ja], self.points[jb]
                     opts: list[Option] = [(KEEP, frozenset())] if y == x + 1 else []
-                    if pb <= limits[pa]:
+                    if pb <= limits[pa] and not spans_anchor(
+                            made, pa, pb, self.points[ja + 1:jb]):
                         opts += [(RECOMPUTE, frozenset(names[a + off] for off in offs))
                                  for offs in _save_sets(graph, [self.calls[i] for i in
                                                                 members[k]],
@@ -178,15 +116,18 @@ class ChainTable:
             self.options[at[call_at], at[n]] = [(KEEP, frozenset())]
             self.owner[at[call_at], at[n]] = None
         # the producers whose storages cross each boundary (for what a save set leaves)
-        _, pos = _positions_of(graph)
         self.crossers: dict[int, frozenset[str]] = {}
         for j, c in enumerate(self.points):
             self.crossers[j] = frozenset(
                 graph.storages[sid].producer for sid, (p, uses) in pos.items()
                 if p < c <= (uses[-1] if uses else -1)) if 0 < c < n else frozenset()
         # the composition is exact where every storage crosses one boundary at most, but the
-        # inputs the code before the first call makes for every call (`_chained`)
-        self.chained = _chained(self.points, pos, self.calls[0][0] if self.calls else 0)
+        # inputs the code before the first call makes for every call (`chained`)
+        self.chained = chained(self.points, pos, shared_inputs(graph),
+                                saver_positions(graph))
+        for (ja, jb), opts in list(self.options.items()):  # (`_caches_output`)
+            self.options[ja, jb] = [(p, save) for p, save in opts
+                                    if p == KEEP or not save & self.crossers[jb]]
         self.ends: dict[int, list[tuple[int, int]]] = defaultdict(list)  # b -> [(a, o)]
         self.starts: dict[int, list[int]] = defaultdict(list)  # a -> [b]
         for (a, b), opts in sorted(self.options.items()):
@@ -209,7 +150,7 @@ class ChainTable:
     @property
     def exact(self) -> bool:
         """Whether the composition is exact: every storage crosses one boundary at most
-        (`_chained`) and every entry was separable where it was measured."""
+        (`chained`) and every entry was separable where it was measured."""
         return self.chained and all(e.exact for e in self.entries.values())
 
     def spans(self) -> list[tuple[int, int]]:
@@ -288,22 +229,6 @@ class ChainTable:
                 c.local_peak_bytes, c.held_bytes, c.recompute_s,
                 costs[-1].local_peak_bytes if job[1] == last else 0,
                 c.separable and all(x.separable for x in costs[:j]))
-
-
-def _chained(points: list[int], pos: dict[int, tuple[int, list[int]]], first: int) -> bool:
-    """Whether every storage crosses at most one interior boundary (made before it, used
-    at or after it), so that what crosses a boundary was made in the region just before it
-    and the state that region leaves (`ChainTable.leaves`) says all the next one depends on.
-    Storages the code before the first call makes (rotary tables, masks: read by every
-    call) are not counted: every call reads them after the first call holds them."""
-    inner = points[1:-1]
-    for p, uses in pos.values():
-        if not uses or p < first:
-            continue
-        j = bisect_right(inner, p)
-        if j + 1 < len(inner) and inner[j + 1] <= uses[-1]:
-            return False
-    return True
 
 
 def _save_sets(graph: CostGraph, calls: list[tuple[int, int]], x: int, y: int,

@@ -13,7 +13,7 @@ from scheduler.cost.simulate import simulate
 from scheduler.ir.graph import CostGraph
 from scheduler.ir.schedule import Schedule
 from scheduler.solvers import INFEASIBLE, OPTIMAL, SolverConfig, get_solver
-from scheduler.solvers.chain import chain, table_of
+from scheduler.solvers.chain import ChainTable, chain, table_of
 from scheduler.testing.synthetic import random_graph
 
 from _chain_brute import simulated
@@ -34,11 +34,12 @@ def _llama() -> CostGraph:
     return CostGraph.load(DATA / "units_llama2.json")
 
 
-def _check(graph: CostGraph, *, exact: bool = True, budgets: int = 12) -> None:
+def _check(graph: CostGraph, *, exact: bool = True, budgets: int = 12,
+           table: ChainTable | None = None) -> None:
     """At budgets spread over the space's simulated peaks (and below the least): chain finds
     brute force's least recompute time, its schedule simulated within the budget, OPTIMAL
     (gap 0) where its table composes exactly; never OPTIMAL with a worse time."""
-    table = table_of(graph)
+    table = table or table_of(graph)
     assert table.exact == exact
     space = simulated(graph, table)
     peaks = sorted({p for p, _, _ in space})
@@ -68,26 +69,51 @@ def test_equals_brute_force_on_three_unit_calls() -> None:
     _check(_units_graph("chain", 12, 2, 3))
 
 
-def test_equals_brute_force_on_hf_llama_units() -> None:
+def test_equals_brute_force_on_hf_llama_units_with_anchors(monkeypatch) -> None:
+    """Two of each call's 20 cuts (brute force cannot walk them all): one early in the
+    attention half and one after the attention's sum, so that the call's input, needed
+    again at the residual add, crosses two boundaries (an anchor) where the old rule of one
+    crossing storage left no boundary."""
+    import scheduler.solvers.chain as chain_module
+    import scheduler.solvers.chaincuts as chaincuts
+    import scheduler.solvers.chaintable as chaintable
+
     g = _llama()
-    table = table_of(g)
-    assert len(table.calls) == 2 and len(table.points) > 2 + len(table.calls)  # cuts inside
-    _check(g)
+    every = chaintable.unit_cuts
+    first = every(g, *table_of(g).calls[0])
+    assert len(first) == 20
+
+    def two(graph, start, stop):
+        cuts = every(graph, start, stop)
+        return [cuts[0], cuts[8]]
+
+    monkeypatch.setattr(chaintable, "unit_cuts", two)
+    table = chaintable.ChainTable(g)
+    _, pos = chaincuts.positions_of(g)
+    shared = chaincuts.shared_inputs(g)
+    inner = table.points[1:-1]
+    anchors = [sid for sid, (p, uses) in pos.items() if sid not in shared and uses
+               and sum(p < c <= uses[-1] for c in inner) >= 2]
+    assert anchors and table.exact
+    monkeypatch.setattr(chain_module, "table_of", lambda graph, **kw: table)
+    _check(g, table=table)
 
 
 def test_composition_equals_simulate_on_random_schedules_of_the_hf_llama() -> None:
-    """Random paths through the 2-layer Llama's table (every region option after the state
-    the path leaves): their composed peak and time, the DP's sums, against `simulate`, which
-    measured each entry in another context (the table packs non-overlapping jobs into one
-    simulation)."""
+    """Random paths through the 2-layer Llama's whole table (20 cuts per call, anchors
+    among them; every region option after the state the path leaves): their composed peak
+    and time, the DP's sums, against `simulate`, which measured each entry in another
+    context (the table packs non-overlapping jobs into one simulation). (It found recompute
+    regions saving their own output composed 512 bytes low where a recompute region
+    followed: those options are out of the space, `ChainTable`.)"""
     import random
 
     g = _llama()
     table = table_of(g)
-    assert table.exact
+    assert table.exact and len(table.points) == 45
     rng = random.Random(0)
     last = len(table.points) - 1
-    for _ in range(60):
+    for _ in range(200):
         a, q, held, peak, t, spans = 0, None, 0, 0, 0.0, []
         while a < last:
             b = rng.choice(table.starts[a])
