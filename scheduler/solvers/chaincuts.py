@@ -62,6 +62,7 @@ def _crossing(graph: CostGraph, start: int, stop: int) -> dict[int, list[int]]:
 
 
 def positions_of(graph: CostGraph) -> tuple[int, dict[int, tuple[int, list[int]]]]:
+    """`_positions` of ``graph``, once (`base.graph_cache`)."""
     cache = graph_cache(graph, "chain positions")
     if "p" not in cache:
         cache["p"] = _positions(graph)
@@ -76,7 +77,7 @@ def unit_cuts(graph: CostGraph, start: int, stop: int) -> list[int]:
     *anchor* (a residual stream: the call's input, the attention half's sum) that the region
     starting at the first boundary it crosses holds whatever that region is (`_secured`), so
     that its bytes are that region's all step long, whichever regions follow. Storages the
-    code before the first call makes (rotary tables, masks) are exempt (`chained`)."""
+    code before the first call makes for several calls are exempt (`shared_inputs`)."""
     _, pos = positions_of(graph)
     savers = saver_positions(graph)
     shared = shared_inputs(graph)
@@ -101,12 +102,12 @@ def unit_cuts(graph: CostGraph, start: int, stop: int) -> list[int]:
     return out
 
 
-def _secured(saver_positions, lo: int, hi: int) -> bool:
+def _secured(positions: list[int] | tuple[()], lo: int, hi: int) -> bool:
     """Whether a storage crossing boundary ``lo`` is held by every region starting there,
     which reaches ``hi`` (the next boundary) at least: a node in ``[lo, hi)`` saves it (a
     keep region holds it for that node's backward; a recompute region reads it there, so
     holds it as an input)."""
-    return any(lo <= q < hi for q in saver_positions)
+    return any(lo <= q < hi for q in positions)
 
 
 def saver_positions(graph: CostGraph) -> dict[int, list[int]]:
@@ -134,7 +135,7 @@ def shared_inputs(graph: CostGraph) -> frozenset[int]:
 
 
 def chained(points: list[int], pos: dict[int, tuple[int, list[int]]],
-             shared: frozenset[int], savers: dict[int, list[int]]) -> bool:
+            shared: frozenset[int], savers: dict[int, list[int]]) -> bool:
     """Whether what crosses each boundary is either made in the region just before it, so
     that the state that region leaves (`ChainTable.leaves`) says all the next one depends
     on, or an anchor: a storage crossing several boundaries that the region starting at the
@@ -153,7 +154,7 @@ def chained(points: list[int], pos: dict[int, tuple[int, list[int]]],
 
 
 def spans_anchor(made: dict[int, tuple[int, list[int]]], pa: int, pb: int,
-                  inside: list[int]) -> bool:
+                 inside: list[int]) -> bool:
     """Whether a region over ``[pa, pb)`` with the boundaries ``inside`` within it makes a
     storage that crosses one of them and ``pb`` too: an anchor the region would hold in
     place of the region starting at the boundary it crosses first, which the composition's

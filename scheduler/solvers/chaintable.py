@@ -124,8 +124,11 @@ class ChainTable:
         # the composition is exact where every storage crosses one boundary at most, but the
         # inputs the code before the first call makes for every call (`chained`)
         self.chained = chained(self.points, pos, shared_inputs(graph),
-                                saver_positions(graph))
-        for (ja, jb), opts in list(self.options.items()):  # (`_caches_output`)
+                               saver_positions(graph))
+        # no recompute region caches what crosses its end: whether it then holds it depends
+        # on the next region's policy, which no entry state says (random paths through the
+        # 2-layer Llama's table composed 512 bytes below `simulate` with those options)
+        for (ja, jb), opts in list(self.options.items()):
             self.options[ja, jb] = [(p, save) for p, save in opts
                                     if p == KEEP or not save & self.crossers[jb]]
         self.ends: dict[int, list[tuple[int, int]]] = defaultdict(list)  # b -> [(a, o)]
