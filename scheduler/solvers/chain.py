@@ -5,7 +5,7 @@ with the model's own code between them, which is always kept. Every recompute re
 within one call (`ir.replays.recompute_limits`).
 
 **Space** (written to ``schedule.meta["space"]``). Region boundaries at every call's start
-and end and at the *unit cuts* inside the calls (`chaintable.unit_cuts`; one set per unit
+and end and at the *unit cuts* inside the calls (`chaincuts.unit_cuts`; one set per unit
 kind, kept where it holds for every call of the kind): positions where at most one storage
 made since the boundary before crosses, and every other crossing storage is an *anchor* (a
 residual stream) that the region starting at the first boundary it crosses holds whatever
@@ -146,7 +146,7 @@ def _run(table: ChainTable, budget: int | None) -> tuple[int, float, Path] | Non
                             best = (cand, (int(pk[i]), float(nt[i]), (a, b, o, (fid, int(i)))))
                         continue
                     key, other = (nt, pk) if timed else (pk, nt)
-                    pending.setdefault((b, table.leaves(b, *opts[o])), []).append(
+                    pending.setdefault((b, table.leaves(opts[o])), []).append(
                         (nh[ok], key[ok], other[ok], fid, index[ok], (a, b, o)))
     if best is None:
         return None

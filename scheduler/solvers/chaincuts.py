@@ -13,7 +13,8 @@ from ..ir.graph import CostGraph
 from ..ir.replays import unit_calls
 from .base import graph_cache
 
-__all__ = ["chained", "positions_of", "saver_positions", "shared_inputs", "spans_anchor", "unit_cuts"]
+__all__ = ["chained", "positions_of", "saver_positions", "shared_inputs", "spans_anchor",
+           "unit_cuts"]
 
 
 def _positions(graph: CostGraph) -> tuple[int, dict[int, tuple[int, list[int]]]]:

@@ -22,9 +22,9 @@ from .config import SolverConfig
 
 __all__ = ["ChainTable", "Entry", "State", "applies", "table_of", "unit_cuts"]
 
-#: an entry state: the policy of the region before a boundary and which of the producers
-#: whose storages cross the boundary its save set caches (None before the first region)
-State = tuple[str, frozenset[str]] | None
+#: an entry state: the policy of the region before a boundary (None before the first
+#: region); no option caches what crosses its end, so the policy says all
+State = str | None
 #: a region option: (policy, save set)
 Option = tuple[str, frozenset[str]]
 
@@ -115,14 +115,14 @@ class ChainTable:
         if call_at < n:
             self.options[at[call_at], at[n]] = [(KEEP, frozenset())]
             self.owner[at[call_at], at[n]] = None
-        # the producers whose storages cross each boundary (for what a save set leaves)
-        self.crossers: dict[int, frozenset[str]] = {}
+        # the producers whose storages cross each boundary
+        crossers: dict[int, frozenset[str]] = {}
         for j, c in enumerate(self.points):
-            self.crossers[j] = frozenset(
+            crossers[j] = frozenset(
                 graph.storages[sid].producer for sid, (p, uses) in pos.items()
                 if p < c <= (uses[-1] if uses else -1)) if 0 < c < n else frozenset()
-        # the composition is exact where every storage crosses one boundary at most, but the
-        # inputs the code before the first call makes for every call (`chained`)
+        # the composition is exact where what crosses a boundary is made by the region just
+        # before it or is a secured anchor (`chained`)
         self.chained = chained(self.points, pos, shared_inputs(graph),
                                saver_positions(graph))
         # no recompute region caches what crosses its end: whether it then holds it depends
@@ -130,7 +130,7 @@ class ChainTable:
         # 2-layer Llama's table composed 512 bytes below `simulate` with those options)
         for (ja, jb), opts in list(self.options.items()):
             self.options[ja, jb] = [(p, save) for p, save in opts
-                                    if p == KEEP or not save & self.crossers[jb]]
+                                    if p == KEEP or not save & crossers[jb]]
         self.ends: dict[int, list[tuple[int, int]]] = defaultdict(list)  # b -> [(a, o)]
         self.starts: dict[int, list[int]] = defaultdict(list)  # a -> [b]
         for (a, b), opts in sorted(self.options.items()):
@@ -141,19 +141,22 @@ class ChainTable:
         for j in range(1, len(self.points)):
             seen: dict[State, None] = {}
             for a, o in self.ends[j]:
-                seen[self.leaves(j, *self.options[a, j][o])] = None
+                seen[self.leaves(self.options[a, j][o])] = None
             self.states[j] = list(seen)
         self.entries: dict[tuple[int, int, int, State], Entry] = {}
         self._measure_all(graph)
 
-    def leaves(self, b: int, policy: str, save: frozenset[str]) -> State:
-        """The state a region ending at boundary ``b`` leaves for the next one."""
-        return (policy, save & self.crossers[b] if policy == RECOMPUTE else frozenset())
+    @staticmethod
+    def leaves(option: Option) -> State:
+        """The state a region with ``option`` leaves for the next one: its policy (what
+        crosses its end is kept or dropped with it; none is cached, see above)."""
+        return option[0]
 
     @property
     def exact(self) -> bool:
-        """Whether the composition is exact: every storage crosses one boundary at most
-        (`chained`) and every entry was separable where it was measured."""
+        """Whether the composition is exact: what crosses each boundary is made just before
+        it or is a secured anchor (`chained`), and every entry was separable where it was
+        measured."""
         return self.chained and all(e.exact for e in self.entries.values())
 
     def spans(self) -> list[tuple[int, int]]:
@@ -165,7 +168,7 @@ class ChainTable:
         one starting latest, then the first option."""
         best = None
         for s, o in self.ends[a]:
-            if self.leaves(a, *self.options[s, a][o]) == q and (best is None or s > best[0]):
+            if self.leaves(self.options[s, a][o]) == q and (best is None or s > best[0]):
                 best = (s, o)
         return best
 

@@ -125,7 +125,7 @@ def test_composition_equals_simulate_on_random_schedules_of_the_hf_llama() -> No
             if b == last:
                 peak = max(peak, held + e.tail_local)
             spans.append((table.points[a], table.points[b], *table.options[a, b][o]))
-            q, a = table.leaves(b, *table.options[a, b][o]), b
+            q, a = table.leaves(table.options[a, b][o]), b
         est = simulate(g, Schedule.from_regions(g, spans))
         assert est.peak_bytes == peak
         assert est.recompute_s == pytest.approx(t, rel=1e-9, abs=1e-12)
