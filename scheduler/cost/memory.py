@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+
 __all__ = ["LiveBytes"]
 
 
@@ -12,8 +14,11 @@ class LiveBytes:
     Equivalent to recording, after every `add`, ``cur - sum(own[:phase])`` into the current
     phase's local peak and ``own[k]`` (every k < phase) into k's held range; done
     incrementally (solvers call it millions of times): the sum of earlier owners is kept for
-    the current phase, and ``own[k]`` is recorded when it changes or at a phase's first
-    `add`. `add_many` is `add` on each of a list of events in turn, without a call each.
+    the current phase, and ``own[k]`` is recorded when it changes in a later phase, and at a
+    phase's first `add` for the earlier owners not recorded yet or changed since (a heap of
+    them: with a thousand owners, recording all earlier ones at every phase's start took
+    most of a simulation). `add_many` is `add` on each of a list of events in turn, without
+    a call each.
 
     Events that change no earlier owner (owner None, or not before the phase) record nothing
     in between but the running total, so a run of them acts as two: the highest running total,
@@ -33,6 +38,9 @@ class LiveBytes:
             self._seen = [False] * n_owners
             self._early = 0  # sum(own[:phase])
             self._fresh = False  # no add yet in this phase
+            self._init = 0  # the owners below it were recorded once at least
+            self._dirty: list[int] = []  # a heap: owners changed since they were recorded
+            self._is_dirty = [False] * n_owners
 
     def set_phase(self, phase: int) -> None:
         if phase != self.phase:
@@ -62,14 +70,24 @@ class LiveBytes:
             self.own[owner] += b
             if owner < j:
                 self._early += b
-                if not self._fresh:
-                    self._hold(owner)
+            if owner < j and not self._fresh:
+                self._hold(owner)
+            elif not self._is_dirty[owner]:
+                self._is_dirty[owner] = True
+                heapq.heappush(self._dirty, owner)
         v = cur - self._early
         if v > self.local[j]:
             self.local[j] = v
         if self._fresh:
             self._fresh = False
-            for k in range(j):
+            for k in range(self._init, j):
+                self._hold(k)
+            if j > self._init:
+                self._init = j
+            dirty = self._dirty
+            while dirty and dirty[0] < j:
+                k = heapq.heappop(dirty)
+                self._is_dirty[k] = False
                 self._hold(k)
 
     def add_many(self, events: list[tuple[int, int | None]]) -> None:
@@ -90,6 +108,7 @@ class LiveBytes:
         # as `add`, with no fresh phase: every earlier owner was recorded already (seen)
         j = self.phase
         own, lo, hi = self.own, self.held_lo, self.held_hi
+        dirty, is_dirty = self._dirty, self._is_dirty
         early, top = self._early, self.local[j]
         for b, owner in it:
             cur += b
@@ -104,6 +123,9 @@ class LiveBytes:
                         lo[owner] = v
                     elif v > hi[owner]:
                         hi[owner] = v
+                elif not is_dirty[owner]:
+                    is_dirty[owner] = True
+                    heapq.heappush(dirty, owner)
             if cur - early > top:
                 top = cur - early
         self.cur, self.peak = cur, peak

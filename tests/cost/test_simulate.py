@@ -266,6 +266,34 @@ def test_mem_add_many_is_add_in_turn(ops: list[tuple[int, int, int | None]],
     assert [getattr(many, f) for f in fields] == [getattr(one, f) for f in fields]
 
 
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(-5000, 5000),
+                          st.one_of(st.none(), st.integers(0, 6))), max_size=60))
+def test_mem_is_its_definition(ops: list[tuple[int, int, int | None]]) -> None:
+    """`LiveBytes` with owners against its definition, computed naively: after every event,
+    ``cur - sum(own[:phase])`` into the phase's local peak and each ``own[k]``, k < phase,
+    into k's held range (it records only what changed since, from a heap of owners)."""
+    from scheduler.cost.memory import LiveBytes
+
+    n = 7
+    mem = LiveBytes(n, track=True)
+    cur, peak, own, local = 0, 0, [0] * n, [0] * n
+    seen: dict[int, list[int]] = {}
+    for phase, b, owner in ops:
+        mem.set_phase(phase)
+        mem.add(b, owner)
+        cur += b
+        peak = max(peak, cur)
+        if owner is not None:
+            own[owner] += b
+        local[phase] = max(local[phase], cur - sum(own[:phase]))
+        for k in range(phase):
+            seen.setdefault(k, []).append(own[k])
+    assert (mem.cur, mem.peak, mem.own, mem.local) == (cur, peak, own, local)
+    assert mem.held_lo == [min(seen[k]) if k in seen else 0 for k in range(n)]
+    assert mem.held_hi == [max(seen[k]) if k in seen else 0 for k in range(n)]
+
+
 def test_remembered_replays_change_nothing(monkeypatch: Any, recorded_graph: Any) -> None:
     """Replays are remembered per graph (`Static.replays`); with the memory emptied at every
     new replay, random schedules with save sets simulate to the same estimates and region costs
