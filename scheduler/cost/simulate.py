@@ -101,15 +101,18 @@ class ReplayProbe:
         return min(steps), max(high, 0), dict(release)
 
 
-def region_costs(graph: CostGraph, schedule: Schedule, *, timeline: bool = True
+def region_costs(graph: CostGraph, schedule: Schedule, *, timeline: bool = True,
+                 last_owned: frozenset[int] = frozenset()
                  ) -> tuple[Estimate, list["RegionCost"]]:
     """`simulate`, plus each region's `RegionCost` (the loss is one more region, last).
 
     Slower than `simulate` by a factor of the number of regions; used by solvers to compose
     regions on chains. ``timeline=False`` leaves the estimate's timeline empty (faster).
+    Storages in ``last_owned`` belong to the last region that reads them (see `Simulator`).
     """
     schedule.validate(graph)
-    sim = Simulator(graph, schedule, per_region=True, timeline=timeline)
+    sim = Simulator(graph, schedule, per_region=True, timeline=timeline,
+                    last_owned=last_owned)
     est = sim.run()
     return est, sim.region_costs
 
@@ -118,8 +121,9 @@ class Simulator:
     `Estimate`, and with ``per_region`` each region's `RegionCost` in ``region_costs``."""
 
     def __init__(self, g: CostGraph, s: Schedule, *, per_region: bool = False,
-                 timeline: bool = True):
+                 timeline: bool = True, last_owned: frozenset[int] = frozenset()):
         self.g = g
+        self.last_owned = last_owned
         self.per_region = per_region
         self.timeline = timeline
         st = Static.of(g)
@@ -160,7 +164,8 @@ class Simulator:
         # hold_until[sid]: backward step after which it dies (-1: dies in forward);
         # cached_in[sid]: the recompute region whose save set caches it until the replay.
         # Owners, for per-region accounting: a storage belongs to its producer's region, or to
-        # the first later region that reads it (a region input); the loss is region R.
+        # the first later region that reads it (a region input; the last, those in
+        # ``last_owned``: `chain`'s tracked anchors); the loss is region R.
         hold_until: dict[int, int] = {}
         cached_in: dict[int, int] = {}
         owner: dict[int, int | None] = {-1: None}  # (-1: the engine's bytes, `Static`)
@@ -179,6 +184,7 @@ class Simulator:
                     if d > h:
                         h = d
             pp = first = phase_of[producer]
+            latest = sid in self.last_owned
             for u in rdrs:
                 ph = phase_of[u]
                 if ph != pp:
@@ -187,8 +193,8 @@ class Simulator:
                         h = f
                     # (a node outside the regions amid them, e.g. an export's metadata
                     # assert, owns nothing: ownership is accounting only, never a peak)
-                    if ph > pp and (first == pp or ph < first) and (
-                            ph < R or pos[u] > last_inside):
+                    if ph > pp and (first == pp or (ph > first if latest else ph < first)
+                                    ) and (ph < R or pos[u] > last_inside):
                         first = ph
             owner[sid] = first
             if producer in save_nodes:

@@ -9,7 +9,9 @@ and end and at the *unit cuts* inside the calls (`chaincuts.unit_cuts`; one set 
 kind, kept where it holds for every call of the kind): positions where at most one storage
 made since the boundary before crosses, and every other crossing storage is an *anchor* (a
 residual stream) that the region starting at the first boundary it crosses holds whatever
-that region is. Each region within a call is ``keep`` (between two neighbouring boundaries;
+that region is, or, with ``SolverConfig.chain_tracked`` (default 0), at most that many
+*tracked* anchors that nothing there saves (a bf16 layer's input, which its norm casts).
+Each region within a call is ``keep`` (between two neighbouring boundaries;
 a longer keep region is the run of them) or ``recompute`` over any run of boundaries the
 rewriter runs (a whole call recomputed included), saving nothing or its 1 ..
 ``SolverConfig.save_top`` slowest allocating nodes (by the kind's median time, as
@@ -27,7 +29,14 @@ on what the region before leaves for the activation that enters it (kept or drop
 `leaves`). An anchor crossing several boundaries does not break this: the region starting at
 the first of them holds it (a node there saves it, or that region recomputes and so holds it
 as an input) from its making to that region's backward, so its bytes are that region's
-``H``, the same at every later moment, whatever the later regions are. A recompute region
+``H``, the same at every later moment, whatever the later regions are. A tracked anchor
+(`chaincuts.tracked_anchors`) is, for the accounting (`region_costs`' ``last_owned``), the
+last region's that reads it: every region up to that one counts it in its local peak while
+it is alive, which is in forward and, once a region before holds it (a recompute region
+reading it, a keep region saving it), in backward too; so the entry states carry, besides
+the policy, the tracked anchors crossing the boundary that a region before holds
+(`ChainTable.leave`). Storages crossing calls (a skip connection) are tracked the same way,
+at most `chaincuts.MAX_TRACKED` per boundary. A recompute region
 that caches its own output for the next region would hold it or not by the next region's
 policy, so that option is left out. The numbers are the simulator's own (`region_costs`):
 each region option of each call is measured after each state it may be entered in (each
@@ -121,8 +130,7 @@ def _run(table: ChainTable, budget: int | None) -> tuple[int, float, Path] | Non
             fronts.append(f)
             index = np.arange(len(f.held))
             for b in table.starts[a]:
-                opts = table.options[a, b]
-                for o in range(len(opts)):
+                for o in table.undominated(a, b, q):
                     e = table.entries[a, b, o, q]
                     if timed:
                         t, pk = f.key, f.other
@@ -146,7 +154,7 @@ def _run(table: ChainTable, budget: int | None) -> tuple[int, float, Path] | Non
                             best = (cand, (int(pk[i]), float(nt[i]), (a, b, o, (fid, int(i)))))
                         continue
                     key, other = (nt, pk) if timed else (pk, nt)
-                    pending.setdefault((b, table.leaves(opts[o])), []).append(
+                    pending.setdefault((b, table.leave(a, b, o, q)), []).append(
                         (nh[ok], key[ok], other[ok], fid, index[ok], (a, b, o)))
     if best is None:
         return None
@@ -201,12 +209,14 @@ def least_peak(table: ChainTable) -> int:
 def space_of(table: ChainTable) -> str:
     """What ``schedule.meta["space"]`` says of the table's space."""
     kinds = len(set(table.kinds))
+    tracked = (f", and at most {table.tracked_cuts} tracked ones nothing there saves"
+               if table.tracked_cuts else "")
     return (f"chain of {len(table.calls)} unit calls ({kinds} kind{'s' * (kinds != 1)}); "
             "regions within one call, bounded at the call's ends and its unit cuts (one storage "
             "made since the boundary before crosses, besides residual anchors the region "
-            "after their first boundary holds); keep, or recompute saving nothing or at most "
-            f"the {table.save_top} slowest allocating nodes, not its own output; code between "
-            "calls kept")
+            f"after their first boundary holds{tracked}); keep, or recompute saving nothing "
+            f"or at most the {table.save_top} slowest allocating nodes, not its own output; "
+            "code between calls kept")
 
 
 @register("chain")
@@ -221,8 +231,8 @@ def chain(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = N
         raise ValueError(
             f"solver 'chain' solves graphs with units (CostGraph.units); graph {graph.name!r} "
             "has none: solve it with 'auto' or plan the model with units='auto'")
-    save_top = (config or SolverConfig()).save_top
-    table = table_of(graph, save_top=save_top)
+    config = config or SolverConfig()
+    table = table_of(graph, save_top=config.save_top, tracked=config.chain_tracked)
     found = search(table, budget_bytes)
     if found is None:  # (the least peak is proven only where the composition is exact)
         return finish(graph, budget_bytes, None, solver="chain", started=started,

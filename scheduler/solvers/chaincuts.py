@@ -13,8 +13,13 @@ from ..ir.graph import CostGraph
 from ..ir.replays import unit_calls
 from .base import graph_cache
 
-__all__ = ["chained", "positions_of", "saver_positions", "shared_inputs", "spans_anchor",
-           "unit_cuts"]
+__all__ = ["MAX_TRACKED", "positions_of", "saver_positions", "shared_inputs", "spans_anchor",
+           "tracked_anchors", "unit_cuts"]
+
+#: the most *tracked* anchors (`tracked_anchors`) that may cross one boundary
+#: (`SolverConfig.chain_tracked` at most): each one doubles the entry states the table
+#: measures there
+MAX_TRACKED = 2
 
 
 def _positions(graph: CostGraph) -> tuple[int, dict[int, tuple[int, list[int]]]]:
@@ -70,15 +75,18 @@ def positions_of(graph: CostGraph) -> tuple[int, dict[int, tuple[int, list[int]]
     return cache["p"]
 
 
-def unit_cuts(graph: CostGraph, start: int, stop: int) -> list[int]:
+def unit_cuts(graph: CostGraph, start: int, stop: int, tracked: int = 0) -> list[int]:
     """Positions inside the call ``[start, stop)`` (relative to ``start``) where a region
     boundary keeps the composition exact, taken left to right: of the storages crossing it
     (`_crossing`), at most one made after the boundary before it (the call's start or the
     previous cut taken), so that the region just before says its state; every other one an
-    *anchor* (a residual stream: the call's input, the attention half's sum) that the region
-    starting at the first boundary it crosses holds whatever that region is (`_secured`), so
-    that its bytes are that region's all step long, whichever regions follow. Storages the
-    code before the first call makes for several calls are exempt (`shared_inputs`)."""
+    *anchor* (a residual stream: the call's input, the attention half's sum) that either the
+    region starting at the first boundary it crosses holds whatever that region is
+    (`_secured`), so that its bytes are that region's all step long, whichever regions
+    follow, or, at most ``tracked`` of them (`SolverConfig.chain_tracked`), one the table
+    tracks (`tracked_anchors`).
+    Storages the code before the first call makes for several calls are exempt
+    (`shared_inputs`)."""
     _, pos = positions_of(graph)
     savers = saver_positions(graph)
     shared = shared_inputs(graph)
@@ -87,15 +95,11 @@ def unit_cuts(graph: CostGraph, start: int, stop: int) -> list[int]:
     next_cut: dict[int, int] = {}  # boundary -> the cut taken after it
     for c, sids in sorted(_crossing(graph, start, stop).items()):
         own = [sid for sid in sids if pos[sid][0] >= prev]
-        ok = len(own) <= 1
-        for sid in sids:
-            if not ok:
-                break
-            if sid in own or sid in shared:
-                continue
-            b0 = entered.get(sid, start)  # (made before the call: it crosses its start)
-            ok = _secured(savers.get(sid, ()), b0, next_cut.get(b0, c))
-        if ok:
+        loose = sum(1 for sid in sids if sid not in own and sid not in shared and not _secured(
+            savers.get(sid, ()), entered.get(sid, start), next_cut.get(entered.get(sid, start),
+                                                                        c)))
+        # (an anchor made before the call crosses its start first)
+        if len(own) <= 1 and loose <= tracked:
             entered.update(dict.fromkeys(own, c))
             next_cut.setdefault(prev, c)
             out.append(c - start)
@@ -135,23 +139,26 @@ def shared_inputs(graph: CostGraph) -> frozenset[int]:
     return cache["s"]
 
 
-def chained(points: list[int], pos: dict[int, tuple[int, list[int]]],
-            shared: frozenset[int], savers: dict[int, list[int]]) -> bool:
-    """Whether what crosses each boundary is either made in the region just before it, so
-    that the state that region leaves (`ChainTable.leaves`) says all the next one depends
-    on, or an anchor: a storage crossing several boundaries that the region starting at the
-    first of them holds whatever it is (`_secured`; no region spans that boundary while the
-    anchor crosses its end, `spans_anchor`), so its bytes are that region's, the same at
-    every later moment. The ``shared`` inputs (`shared_inputs`) are not counted."""
+def tracked_anchors(points: list[int], pos: dict[int, tuple[int, list[int]]],
+                    shared: frozenset[int], savers: dict[int, list[int]]) -> frozenset[int]:
+    """The storages crossing two or more interior boundaries of ``points`` that the region
+    starting at the first of them does not hold whatever it is (not `_secured`: in a bf16
+    model, the call's input that the norm's cast copies, and the attention half's sum): the
+    table *tracks* them, as the accounting's property of the last region that reads them
+    (`region_costs`' ``last_owned``) with, in its entry states, whether a region before
+    holds them. Everything else crossing a boundary is made in the region just before it,
+    so that its policy says all the next one depends on, or is a secured anchor. The
+    ``shared`` inputs (`shared_inputs`) are not counted."""
     inner = points[1:-1]
+    out = set()
     for sid, (p, uses) in pos.items():
         if not uses or sid in shared:
             continue
         j = bisect_right(inner, p)
         if j + 1 < len(inner) and inner[j + 1] <= uses[-1] and not _secured(
                 savers.get(sid, ()), inner[j], inner[j + 1]):
-            return False
-    return True
+            out.add(sid)
+    return frozenset(out)
 
 
 def spans_anchor(made: dict[int, tuple[int, list[int]]], pa: int, pb: int,

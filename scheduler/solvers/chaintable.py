@@ -5,41 +5,29 @@ finds; see `chain` for the space and why its entries compose exactly.
 
 from __future__ import annotations
 
-import heapq
+from bisect import bisect_left
 from collections import defaultdict
-from dataclasses import dataclass
 from statistics import median
 
-from ..cost.simulate import region_costs
+from ..cost.simulate import storage_readers
 from ..ir.graph import CostGraph
 from ..ir.replays import recompute_limits, unit_calls
-from ..ir.schedule import KEEP, RECOMPUTE, Region, Schedule
+from ..ir.schedule import KEEP, RECOMPUTE
 from .base import graph_cache
 from .blocks import graph_layout, stage_signature
-from .chaincuts import (chained, positions_of, saver_positions, shared_inputs,
-                        spans_anchor, unit_cuts)
+from .chaincuts import (MAX_TRACKED, positions_of, saver_positions, shared_inputs,
+                        spans_anchor, tracked_anchors, unit_cuts)
+from .chainpack import Entry, measure
 from .config import SolverConfig
 
 __all__ = ["ChainTable", "Entry", "State", "applies", "table_of", "unit_cuts"]
 
-#: an entry state: the policy of the region before a boundary (None before the first
-#: region); no option caches what crosses its end, so the policy says all
-State = str | None
+#: an entry state: the policy of the region before a boundary (no option caches what crosses
+#: its end, so the policy says all of that) and the tracked anchors crossing it that a region
+#: before holds (`chaincuts.tracked_anchors`); None before the first region
+State = tuple[str, frozenset[int]] | None
 #: a region option: (policy, save set)
 Option = tuple[str, frozenset[str]]
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One region option's costs after one entry state: its local peak (base included), the
-    bytes it holds while later regions run, its recompute time, the loss region's local peak
-    when it is the last region, and whether the simulator found it separable."""
-
-    local: int
-    held: int
-    time_s: float
-    tail_local: int
-    exact: bool
 
 
 def applies(graph: CostGraph) -> bool:
@@ -53,11 +41,16 @@ class ChainTable:
     q]``), measured with the simulator; ``kinds``: per call, its kind; ``simulations``: how
     many were run. It keeps no reference to the graph."""
 
-    def __init__(self, graph: CostGraph, *, save_top: int = SolverConfig.save_top):
+    def __init__(self, graph: CostGraph, *, save_top: int = SolverConfig.save_top,
+                 tracked: int = SolverConfig.chain_tracked):
+        if not 0 <= tracked <= MAX_TRACKED:
+            raise ValueError(f"chain_tracked={tracked!r}: the tracked anchors a unit cut may "
+                             f"have crossing it are 0 to {MAX_TRACKED}")
         names = graph.compute_nodes
         n = len(names)
         self.n = n
         self.save_top = save_top
+        self.tracked_cuts = tracked
         self.simulations = 0
         calls = unit_calls(graph)
         self.calls = [(a, b) for _, a, b in calls]
@@ -73,7 +66,7 @@ class ChainTable:
         # per kind: its cuts (relative), held by every call of the kind
         rel_cuts: dict[int, list[int]] = {}
         for k, calls_k in members.items():
-            sets = [set(unit_cuts(graph, *self.calls[i])) for i in calls_k]
+            sets = [set(unit_cuts(graph, *self.calls[i], tracked)) for i in calls_k]
             rel_cuts[k] = sorted(set.intersection(*sets))
             # (a cut some call lacks may leave another's storage crossing two: `chained`
             # then says so, and nothing is claimed)
@@ -81,7 +74,7 @@ class ChainTable:
         for i, (a, b) in enumerate(self.calls):
             pts.update({a, b, *(a + c for c in rel_cuts[self.kinds[i]])})
         self.points = sorted(pts)
-        at = {p: j for j, p in enumerate(self.points)}
+        at = self.index = {p: j for j, p in enumerate(self.points)}
         limits = recompute_limits(graph)
         _, pos = positions_of(graph)
         # spans: (a, b) boundary indices -> options; `owner[a, b]`: (call index or None)
@@ -122,9 +115,26 @@ class ChainTable:
                 graph.storages[sid].producer for sid, (p, uses) in pos.items()
                 if p < c <= (uses[-1] if uses else -1)) if 0 < c < n else frozenset()
         # the composition is exact where what crosses a boundary is made by the region just
-        # before it or is a secured anchor (`chained`)
-        self.chained = chained(self.points, pos, shared_inputs(graph),
-                               saver_positions(graph))
+        # before it, is a secured anchor, or is tracked (`tracked_anchors`): in the entry
+        # states, whether a region before holds it; at most `MAX_TRACKED` per boundary
+        tracked = tracked_anchors(self.points, pos, shared_inputs(graph),
+                                  saver_positions(graph))
+        self.crossing = [frozenset(sid for sid in tracked if pos[sid][0] < c <= pos[sid][1][-1])
+                         for c in self.points]
+        self.chained = all(len(x) <= MAX_TRACKED for x in self.crossing)
+        if not self.chained:  # (too many states: nothing tracked, nothing claimed)
+            tracked = frozenset()
+            self.crossing = [frozenset()] * len(self.points)
+        self.tracked = tracked
+        index = {x: i for i, x in enumerate(names)}
+        readers = storage_readers(graph)
+        self._made = {sid: pos[sid][0] for sid in tracked}
+        self._readers = {sid: sorted(index[r] for r in readers[sid] if r in index)
+                         for sid in tracked}
+        self._savers = {sid: saver_positions(graph).get(sid, []) for sid in tracked}
+        self._saving = [i for i, x in enumerate(names) if graph.node(x).saved]
+        self._holds: dict[tuple[int, int, int], frozenset[int]] = {}
+        self._undominated: dict[tuple[int, int, State], list[int]] = {}
         # no recompute region caches what crosses its end: whether it then holds it depends
         # on the next region's policy, which no entry state says (random paths through the
         # 2-layer Llama's table composed 512 bytes below `simulate` with those options)
@@ -141,100 +151,74 @@ class ChainTable:
         for j in range(1, len(self.points)):
             seen: dict[State, None] = {}
             for a, o in self.ends[j]:
-                seen[self.leaves(self.options[a, j][o])] = None
+                for q in self.states[a]:
+                    seen[self.leave(a, j, o, q)] = None
             self.states[j] = list(seen)
         self.entries: dict[tuple[int, int, int, State], Entry] = {}
-        self._measure_all(graph)
+        measure(self, graph)
 
-    @staticmethod
-    def leaves(option: Option) -> State:
-        """The state a region with ``option`` leaves for the next one: its policy (what
-        crosses its end is kept or dropped with it; none is cached, see above)."""
-        return option[0]
+    def leave(self, a: int, b: int, o: int, q: State) -> tuple[str, frozenset[int]]:
+        """The state region option ``o`` over boundaries ``[a, b)`` entered in ``q`` leaves
+        for the next region: its policy (what crosses its end is kept or dropped with it;
+        none is cached, see above), and the tracked anchors crossing ``b`` that it or a
+        region before holds."""
+        held = self._held_by(a, b, o)
+        if q is not None and q[1]:
+            held = (held | q[1]) & self.crossing[b]
+        return self.options[a, b][o][0], held
+
+    def undominated(self, a: int, b: int, q: State) -> list[int]:
+        """The options over ``[a, b)`` after state ``q`` that no other option leaving the
+        same state beats or equals in every cost (local peak, held bytes, recompute time,
+        the loss region's peak after it): a path through a dominated one does no better
+        with any region after it. Of equal ones the first stays (deterministic)."""
+        key = (a, b, q)
+        if key not in self._undominated:
+            cands = [(o, self.entries[a, b, o, q], self.leave(a, b, o, q))
+                     for o in range(len(self.options[a, b]))]
+            self._undominated[key] = [
+                o for o, e, st in cands
+                if not any(st2 == st and _le(e2, e) and (o2 < o or not _le(e, e2))
+                           for o2, e2, st2 in cands if o2 != o)]
+        return self._undominated[key]
+
+    def _held_by(self, a: int, b: int, o: int) -> frozenset[int]:
+        """The tracked anchors crossing boundary ``b`` that region option ``o`` over ``[a,
+        b)`` holds for backward, as the simulator has it: a keep region where one of its
+        nodes saves the anchor; a recompute region where it reads the anchor, made before
+        it, and saves anything at all (a checkpoint keeps its inputs for its replay)."""
+        key = (a, b, o)
+        if key not in self._holds:
+            pa, pb = self.points[a], self.points[b]
+            keep = self.options[a, b][o][0] == KEEP
+            saves = bisect_left(self._saving, pa) < bisect_left(self._saving, pb)
+            self._holds[key] = frozenset(
+                sid for sid in self.crossing[b]
+                if (_within(self._savers[sid], pa, pb) if keep else
+                    saves and self._made[sid] < pa and _within(self._readers[sid], pa, pb)))
+        return self._holds[key]
 
     @property
     def exact(self) -> bool:
         """Whether the composition is exact: what crosses each boundary is made just before
-        it or is a secured anchor (`chained`), and every entry was separable where it was
-        measured."""
+        it, is a secured anchor or is tracked (at most `MAX_TRACKED` per boundary), and every
+        entry was separable where it was measured."""
         return self.chained and all(e.exact for e in self.entries.values())
 
     def spans(self) -> list[tuple[int, int]]:
         return sorted(self.options)
 
     # -- measurement ------------------------------------------------------------------------
-    def _filler(self, a: int, q: State) -> tuple[int, int] | None:
-        """A region (start boundary, option) ending at boundary ``a`` that leaves ``q``: the
-        one starting latest, then the first option."""
-        best = None
-        for s, o in self.ends[a]:
-            if self.leaves(self.options[s, a][o]) == q and (best is None or s > best[0]):
-                best = (s, o)
-        return best
+def _le(x: Entry, y: Entry) -> bool:
+    """Whether entry ``x`` costs no more than ``y`` in every respect."""
+    return (x.local <= y.local and x.held <= y.held and x.time_s <= y.time_s
+            and x.tail_local <= y.tail_local)
 
-    def _measure_all(self, graph: CostGraph) -> None:
-        """Every entry, in as few simulations as do not overlap: each job (a region option
-        after an entry state, with the region before that leaves the state) is an interval
-        of positions; intervals are packed into simulations by the classic partition (by
-        start, each into the simulation free soonest), as many as the deepest overlap.
-        Jobs of one simulation do not disturb each other where the composition is exact,
-        which is what `exact` checks."""
-        jobs = []
-        for (a, b), opts in sorted(self.options.items()):
-            for o in range(len(opts)):
-                for q in self.states[a]:
-                    fill = None if q is None else self._filler(a, q)
-                    jobs.append((a if fill is None else fill[0], b, o, a, q, fill))
-        jobs.sort(key=lambda j: (j[0], j[1], j[2], j[3], repr(j[4])))
-        sims: list[list] = []
-        free: list[tuple[int, int]] = []  # (the end of its last job, simulation index)
-        for lo, b, o, a, q, fill in jobs:
-            if free and free[0][0] <= lo:
-                _, k = heapq.heappop(free)
-            else:
-                k = len(sims)
-                sims.append([])
-            sims[k].append(((a, b, o, q), fill))
-            heapq.heappush(free, (b, k))
-        for placed in sims:
-            self._simulate(graph, placed)
 
-    def _simulate(self, graph: CostGraph, placed: list) -> None:
-        pts, names = self.points, graph.compute_nodes
-        items: list[tuple[int, int, str, frozenset[str], object]] = []
-        for job, fill in placed:
-            a, b, o, _ = job
-            if fill is not None:
-                s, fo = fill
-                items.append((s, a, *self.options[s, a][fo], None))
-            items.append((a, b, *self.options[a, b][o], job))
-        items.sort(key=lambda x: x[0])
-        regions, jobs_at = [], {}
-        at = 0
-        def kept(upto: int) -> None:  # one keep region per gap between boundaries, as the DP
-            # composes them (who owns a storage is the regions' accounting: `RegionCost`)
-            j = pts.index(at)
-            while pts[j] < upto:
-                regions.append(Region(KEEP, tuple(names[pts[j]:pts[j + 1]])))
-                j += 1
-
-        for a, b, p, save, job in items:
-            kept(pts[a])
-            if job is not None:
-                jobs_at[job] = len(regions)
-            regions.append(Region(p, tuple(names[pts[a]:pts[b]]), save))
-            at = pts[b]
-        kept(self.n)
-        self.simulations += 1
-        schedule = Schedule(regions, fingerprint=graph.fingerprint)
-        _, costs = region_costs(graph, schedule, timeline=False)
-        last = len(pts) - 1
-        for job, j in jobs_at.items():
-            c = costs[j]
-            self.entries[job] = Entry(
-                c.local_peak_bytes, c.held_bytes, c.recompute_s,
-                costs[-1].local_peak_bytes if job[1] == last else 0,
-                c.separable and all(x.separable for x in costs[:j]))
+def _within(positions: list[int], lo: int, hi: int) -> bool:
+    """Whether a sorted list of positions has one in ``[lo, hi)``."""
+    i = bisect_left(positions, lo)
+    return i < len(positions) and positions[i] < hi
 
 
 def _save_sets(graph: CostGraph, calls: list[tuple[int, int]], x: int, y: int,
@@ -263,9 +247,10 @@ def _kind_times(graph: CostGraph, calls: list[tuple[int, int]]) -> list[float | 
     return cache[key]
 
 
-def table_of(graph: CostGraph, *, save_top: int = SolverConfig.save_top) -> ChainTable:
+def table_of(graph: CostGraph, *, save_top: int = SolverConfig.save_top,
+             tracked: int = SolverConfig.chain_tracked) -> ChainTable:
     """The chain table of ``graph`` (cached beside it, `base.graph_cache`)."""
     cache = graph_cache(graph, "chain tables")
-    if save_top not in cache:
-        cache[save_top] = ChainTable(graph, save_top=save_top)
-    return cache[save_top]
+    if (save_top, tracked) not in cache:
+        cache[save_top, tracked] = ChainTable(graph, save_top=save_top, tracked=tracked)
+    return cache[save_top, tracked]

@@ -86,6 +86,13 @@ class SolverConfig:
     #: schedules the rest finds (32 Llama-3-8B-shaped layers at 40 GiB: +2.42% against
     #: relax's +1.39%); off, chain's schedule is one candidate among the rest's
     chain_first: bool = False
+    #: the most *tracked* anchors that may cross one of ``chain``'s unit cuts
+    #: (`chaincuts.tracked_anchors`: residual streams nothing saves, as in a bf16 model whose
+    #: norms cast the layer's input), 0 to 2: 0 (the default) cuts only where every anchor
+    #: is secured; 1 reaches inside bf16 layers (32 Llama-3-8B-shaped layers: 67 -> 803
+    #: boundaries, 40 GiB +2.42% -> +1.39% recompute, `relax`'s full-space optimum) at many
+    #: times the time (table 0.2 -> 9 s, search 0.3 -> 5 s there); see docs/solvers.md
+    chain_tracked: int = 0
 
     # -- dp --------------------------------------------------------------------------------
     #: a recompute region's slowest nodes `dp` may cache: each one more multiplies its region

@@ -34,6 +34,13 @@ def _llama() -> CostGraph:
     return CostGraph.load(DATA / "units_llama2.json")
 
 
+def _llama_bf16() -> CostGraph:
+    """The same Llama (width 32, batch 2 x 64) in bfloat16, profiled in units (fake,
+    roofline h100): each norm casts its input to float32 and saves the copy, so that nothing
+    saves the call's input or the attention half's sum (anchors that are not secured)."""
+    return CostGraph.load(DATA / "units_llama2_bf16.json")
+
+
 def _check(graph: CostGraph, *, exact: bool = True, budgets: int = 12,
            table: ChainTable | None = None) -> None:
     """At budgets spread over the space's simulated peaks (and below the least): chain finds
@@ -83,8 +90,8 @@ def test_equals_brute_force_on_hf_llama_units_with_anchors(monkeypatch) -> None:
     first = every(g, *table_of(g).calls[0])
     assert len(first) == 20
 
-    def two(graph, start, stop):
-        cuts = every(graph, start, stop)
+    def two(graph, start, stop, tracked=0):
+        cuts = every(graph, start, stop, tracked)
         return [cuts[0], cuts[8]]
 
     monkeypatch.setattr(chaintable, "unit_cuts", two)
@@ -99,18 +106,50 @@ def test_equals_brute_force_on_hf_llama_units_with_anchors(monkeypatch) -> None:
     _check(g, table=table)
 
 
-def test_composition_equals_simulate_on_random_schedules_of_the_hf_llama() -> None:
-    """Random paths through the 2-layer Llama's whole table (20 cuts per call, anchors
-    among them; every region option after the state the path leaves): their composed peak
-    and time, the DP's sums, against `simulate`, which measured each entry in another
-    context (the table packs non-overlapping jobs into one simulation). (It found recompute
-    regions saving their own output composed 512 bytes low where a recompute region
-    followed: those options are out of the space, `ChainTable`.)"""
+def test_tracked_anchors_equal_brute_force_on_a_bf16_llama(monkeypatch) -> None:
+    """In bfloat16 no unit cut of the default space falls inside the attention half (its
+    one cut per call is after the half's sum); with ``chain_tracked=2`` two cuts inside it
+    (brute force cannot walk all 31), which the call's input crosses with nothing saving it:
+    a tracked anchor, whose holder the entry states carry. The DP's optimum is brute
+    force's at a dozen budgets, OPTIMAL."""
+    import scheduler.solvers.chain as chain_module
+    import scheduler.solvers.chaintable as chaintable
+
+    g = _llama_bf16()
+    every = chaintable.unit_cuts
+    call = table_of(g).calls[0]
+    assert len(every(g, *call)) == 1 and len(every(g, *call, 2)) == 31
+
+    def two(graph, start, stop, tracked=0):
+        cuts = every(graph, start, stop, tracked)
+        return [cuts[1], cuts[8]]
+
+    monkeypatch.setattr(chaintable, "unit_cuts", two)
+    table = chaintable.ChainTable(g, tracked=2)
+    first_input = next(sid for sid, st in g.storages.items() if st.producer == "embedding")
+    assert first_input in table.tracked and table.exact
+    assert any(q is not None and q[1] for qs in table.states.values() for q in qs)
+    monkeypatch.setattr(chain_module, "table_of", lambda graph, **kw: table)
+    _check(g, table=table)
+
+
+@pytest.mark.parametrize("graph, tracked, points", [
+    ("fp32", 0, 45), ("fp32", 2, 67), ("bf16", 2, 67)])
+def test_composition_equals_simulate_on_random_schedules_of_the_hf_llama(
+        graph: str, tracked: int, points: int) -> None:
+    """Random paths through the 2-layer Llama's whole table (every cut per call, anchors
+    among them, tracked ones with ``chain_tracked=2``; every region option after the state
+    the path leaves): their composed peak and time, the DP's sums, against `simulate`,
+    which measured each entry in another context (the table packs non-overlapping jobs
+    into one simulation). (It found recompute regions saving their own output composed 512
+    bytes low where a recompute region followed: those options are out of the space,
+    `ChainTable`.)"""
     import random
 
-    g = _llama()
-    table = table_of(g)
-    assert table.exact and len(table.points) == 45
+    g = _llama() if graph == "fp32" else _llama_bf16()
+    table = table_of(g, tracked=tracked)
+    assert table.exact and len(table.points) == points
+    assert bool(table.tracked) == bool(tracked)
     rng = random.Random(0)
     last = len(table.points) - 1
     for _ in range(200):
@@ -125,16 +164,28 @@ def test_composition_equals_simulate_on_random_schedules_of_the_hf_llama() -> No
             if b == last:
                 peak = max(peak, held + e.tail_local)
             spans.append((table.points[a], table.points[b], *table.options[a, b][o]))
-            q, a = table.leaves(table.options[a, b][o]), b
+            q, a = table.leave(a, b, o, q), b
         est = simulate(g, Schedule.from_regions(g, spans))
         assert est.peak_bytes == peak
         assert est.recompute_s == pytest.approx(t, rel=1e-9, abs=1e-12)
 
 
-def test_skips_across_calls_are_never_claimed() -> None:
-    """A DAG whose skip connections cross two boundaries composes inexactly: chain still
-    answers with simulated schedules but claims nothing."""
-    _check(_units_graph("dag", 0, 3, 2), exact=False)
+@pytest.mark.parametrize("seed, block", [(0, 3), (16, 3), (6, 4)])
+def test_skips_across_calls_are_tracked(seed: int, block: int) -> None:
+    """A DAG whose skip connections cross two boundaries (one or two at once): the table
+    tracks them (the accounting's property of their last reader, whether a region before
+    holds them in the entry states) and the DP's optimum is brute force's, OPTIMAL."""
+    g = _units_graph("dag", seed, block, 2)
+    assert table_of(g).tracked
+    _check(g)
+
+
+def test_inexact_compositions_are_never_claimed() -> None:
+    """A DAG whose entries the simulator finds not separable composes inexactly: chain
+    still answers with simulated schedules but claims nothing."""
+    g = _units_graph("dag", 30, 2, 3)
+    assert table_of(g).chained
+    _check(g, exact=False)
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
