@@ -26,7 +26,7 @@ yet).
 simulator's peak is ``max_j (H_<j + L_j)`` (and the loss region's local peak after the last
 one), where ``L_j``, ``H_j`` and the recompute time of region j depend only on the region and
 on what the region before leaves for the activation that enters it (kept or dropped:
-`leaves`). An anchor crossing several boundaries does not break this: the region starting at
+`ChainTable.leave`). An anchor crossing several boundaries does not break this: the region starting at
 the first of them holds it (a node there saves it, or that region recomputes and so holds it
 as an input) from its making to that region's backward, so its bytes are that region's
 ``H``, the same at every later moment, whatever the later regions are. A tracked anchor
@@ -49,8 +49,9 @@ fits) is FEASIBLE.
 
 **Cost.** As many simulations as region options (with the region before them) overlap at
 one position: the table packs every job that does not overlap another into one simulation
-(`ChainTable._measure_all`), whatever the number of calls; then a DP linear in the number
-of calls (times the fronts' sizes). The least peak over the space
+(`chainpack.measure`), whatever the number of calls; then a DP linear in the number
+of calls (times the fronts' sizes), which skips an option another one beats in every cost
+after the same state (`ChainTable.undominated`). The least peak over the space
 (`least_peak`) is one DP over (held, peak) fronts: exact, no binary search.
 """
 

@@ -68,8 +68,8 @@ class ChainTable:
         for k, calls_k in members.items():
             sets = [set(unit_cuts(graph, *self.calls[i], tracked)) for i in calls_k]
             rel_cuts[k] = sorted(set.intersection(*sets))
-            # (a cut some call lacks may leave another's storage crossing two: `chained`
-            # then says so, and nothing is claimed)
+            # (a cut some call lacks may leave another's storage crossing two: it is then
+            # tracked, or, past `MAX_TRACKED` at one boundary, nothing is claimed)
         pts = {0, n}
         for i, (a, b) in enumerate(self.calls):
             pts.update({a, b, *(a + c for c in rel_cuts[self.kinds[i]])})
@@ -208,7 +208,7 @@ class ChainTable:
     def spans(self) -> list[tuple[int, int]]:
         return sorted(self.options)
 
-    # -- measurement ------------------------------------------------------------------------
+
 def _le(x: Entry, y: Entry) -> bool:
     """Whether entry ``x`` costs no more than ``y`` in every respect."""
     return (x.local <= y.local and x.held <= y.held and x.time_s <= y.time_s
