@@ -26,8 +26,8 @@ yet).
 simulator's peak is ``max_j (H_<j + L_j)`` (and the loss region's local peak after the last
 one), where ``L_j``, ``H_j`` and the recompute time of region j depend only on the region and
 on what the region before leaves for the activation that enters it (kept or dropped:
-`ChainTable.leave`). An anchor crossing several boundaries does not break this: the region starting at
-the first of them holds it (a node there saves it, or that region recomputes and so holds it
+`ChainTable.leave`). An anchor crossing several boundaries does not break this: the region
+starting at the first of them holds it (a node there saves it, or that region recomputes and so holds it
 as an input) from its making to that region's backward, so its bytes are that region's
 ``H``, the same at every later moment, whatever the later regions are. A tracked anchor
 (`chaincuts.tracked_anchors`) is, for the accounting (`region_costs`' ``last_owned``), the
