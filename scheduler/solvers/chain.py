@@ -24,28 +24,27 @@ yet).
 
 **Why it is exact.** As in `dp`: at region boundaries that one activation crosses, the
 simulator's peak is ``max_j (H_<j + L_j)`` (and the loss region's local peak after the last
-one), where ``L_j``, ``H_j`` and the recompute time of region j depend only on the region and
-on what the region before leaves for the activation that enters it (kept or dropped:
+one), where ``L_j``, ``H_j`` and the recompute time of region j depend only on the region
+and on what the region before leaves for the activation that enters it (kept or dropped:
 `ChainTable.leave`). An anchor crossing several boundaries does not break this: the region
-starting at the first of them holds it (a node there saves it, or that region recomputes and so holds it
-as an input) from its making to that region's backward, so its bytes are that region's
-``H``, the same at every later moment, whatever the later regions are. A tracked anchor
-(`chaincuts.tracked_anchors`) is, for the accounting (`region_costs`' ``last_owned``), the
-last region's that reads it: every region up to that one counts it in its local peak while
-it is alive, which is in forward and, once a region before holds it (a recompute region
-reading it, a keep region saving it), in backward too; so the entry states carry, besides
-the policy, the tracked anchors crossing the boundary that a region before holds
-(`ChainTable.leave`). Storages crossing calls (a skip connection) are tracked the same way,
-at most `chaincuts.MAX_TRACKED` per boundary. A recompute region
-that caches its own output for the next region would hold it or not by the next region's
-policy, so that option is left out. The numbers are the simulator's own (`region_costs`):
-each region option of each call is measured after each state it may be entered in (each
-call has its own numbers: the gradients later calls left alive, what the first call frees,
-differ by position). The DP then keeps, per boundary and entry state, the Pareto front of
-(bytes held, recompute time) over the prefixes that fit: integers, no rounding, no time
-limit. It claims OPTIMAL only where every measured entry was separable (`RegionCost`) and the
-schedule's own simulation agrees with the composed peak; else the schedule (simulated, so it
-fits) is FEASIBLE.
+starting at the first of them holds it (a node there saves it, or that region recomputes and
+so holds it as an input) from its making to that region's backward, so its bytes are that
+region's ``H``, the same at every later moment, whatever the later regions are. A tracked
+anchor (`chaincuts.tracked_anchors`) is, for the accounting (`region_costs`'
+``last_owned``), the last region's that reads it: every region up to that one counts it in
+its local peak while it is alive, which is in forward and, once a region before holds it (a
+recompute region reading it, a keep region saving it), in backward too; so the entry states
+carry, besides the policy, the tracked anchors crossing the boundary that a region before
+holds (`ChainTable.leave`). Storages crossing calls (a skip connection) are tracked the same
+way, at most `chaincuts.MAX_TRACKED` per boundary. A recompute region that caches its own
+output for the next region would hold it or not by the next region's policy, so that option
+is left out. The numbers are the simulator's own (`region_costs`): each region option of
+each call is measured after each state it may be entered in (each call has its own numbers:
+the gradients later calls left alive, what the first call frees, differ by position). The DP
+then keeps, per boundary and entry state, the Pareto front of (bytes held, recompute time)
+over the prefixes that fit: integers, no rounding, no time limit. It claims OPTIMAL only
+where every measured entry was separable (`RegionCost`) and the schedule's own simulation
+agrees with the composed peak; else the schedule (simulated, so it fits) is FEASIBLE.
 
 **Cost.** As many simulations as region options (with the region before them) overlap at
 one position: the table packs every job that does not overlap another into one simulation
