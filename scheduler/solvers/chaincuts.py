@@ -95,10 +95,11 @@ def unit_cuts(graph: CostGraph, start: int, stop: int, tracked: int = 0) -> list
     next_cut: dict[int, int] = {}  # boundary -> the cut taken after it
     for c, sids in sorted(_crossing(graph, start, stop).items()):
         own = [sid for sid in sids if pos[sid][0] >= prev]
-        loose = sum(1 for sid in sids if sid not in own and sid not in shared and not _secured(
-            savers.get(sid, ()), entered.get(sid, start), next_cut.get(entered.get(sid, start),
-                                                                        c)))
-        # (an anchor made before the call crosses its start first)
+        loose = 0  # anchors not secured
+        for sid in sids:
+            if sid not in own and sid not in shared:
+                b0 = entered.get(sid, start)  # (made before the call: it crosses its start)
+                loose += not _secured(savers.get(sid, ()), b0, next_cut.get(b0, c))
         if len(own) <= 1 and loose <= tracked:
             entered.update(dict.fromkeys(own, c))
             next_cut.setdefault(prev, c)

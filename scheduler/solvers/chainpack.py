@@ -104,16 +104,15 @@ def measure(table: ChainTable, graph: CostGraph) -> None:
             for q in table.states[a]:
                 if q is not None and (a, q) not in fillers:
                     fillers[a, q] = _filler(table, a, q, kept)
-                fill = [] if q is None else fillers[a, q]
-                jobs.append((fill[0][0] if fill else a, b, o, a, q, fill))
-    jobs.sort(key=lambda j: (j[3], j[1], j[2], repr(j[4])))
+                jobs.append((a, b, o, q, [] if q is None else fillers[a, q]))
+    jobs.sort(key=lambda j: (j[0], j[1], j[2], repr(j[3])))
     sims: list[list] = []
     free: list[tuple[int, int]] = []  # (the end of its last job, simulation index)
     left: list[State] = []  # per simulation, the state its last job leaves
     ends: list[int] = []  # per simulation, where its last job ends
     pool: dict[State, list[int]] = {}  # simulations free at `cur`, by their state there
     cur = 0
-    for _, b, o, a, q, fill in jobs:
+    for a, b, o, q, fill in jobs:
         if a > cur:  # (keep regions over the gaps since: `_simulate`)
             moved: dict[State, list[int]] = {}
             for st, ks in pool.items():
