@@ -9,8 +9,9 @@ and end and at the *unit cuts* inside the calls (`chaincuts.unit_cuts`; one set 
 kind, kept where it holds for every call of the kind): positions where at most one storage
 made since the boundary before crosses, and every other crossing storage is an *anchor* (a
 residual stream) that the region starting at the first boundary it crosses holds whatever
-that region is, or, with ``SolverConfig.chain_tracked`` (default 0), at most that many
-*tracked* anchors that nothing there saves (a bf16 layer's input, which its norm casts).
+that region is, or, with ``SolverConfig.chain_tracked`` (0 to 2; by default the most whose
+table takes at most ``SolverConfig.chain_work`` node-simulations, `table_of`), at most that
+many *tracked* anchors that nothing there saves (a bf16 layer's input, which its norm casts).
 Each region within a call is ``keep`` (between two neighbouring boundaries;
 a longer keep region is the run of them) or ``recompute`` over any run of boundaries the
 rewriter runs (a whole call recomputed included), saving nothing or its 1 ..
@@ -232,7 +233,8 @@ def chain(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = N
             f"solver 'chain' solves graphs with units (CostGraph.units); graph {graph.name!r} "
             "has none: solve it with 'auto' or plan the model with units='auto'")
     config = config or SolverConfig()
-    table = table_of(graph, save_top=config.save_top, tracked=config.chain_tracked)
+    table = table_of(graph, save_top=config.save_top, tracked=config.chain_tracked,
+                     work=config.chain_work)
     found = search(table, budget_bytes)
     if found is None:  # (the least peak is proven only where the composition is exact)
         return finish(graph, budget_bytes, None, solver="chain", started=started,

@@ -15,7 +15,7 @@ from ..ir.schedule import KEEP, Region, Schedule
 if TYPE_CHECKING:
     from .chaintable import ChainTable, State
 
-__all__ = ["Entry", "measure"]
+__all__ = ["Entry", "measure", "pack"]
 
 
 @dataclass(frozen=True)
@@ -67,43 +67,61 @@ def _kept_to(table: ChainTable, q: State, a: int, b: int) -> State:
     return q
 
 
-def _filler(table: ChainTable, a: int, q: State, kept: list[frozenset[int]]
-            ) -> list[tuple[int, int, int]]:
-    """Regions (boundary, boundary, option) ending at boundary ``a`` that leave ``q``
-    after keep regions over single gaps before them (what `_simulate` puts there): the
-    ones starting latest (a breadth-first walk from each earlier boundary in turn; the
-    first path found)."""
-    for w in range(a - 1, -1, -1):
-        reach: dict[int, dict[State, list]] = {w: {None if w == 0 else (KEEP, kept[w]): []}}
-        for j in range(w, a):
-            for st, path in reach.get(j, {}).items():
-                for b in table.starts[j]:
-                    if b > a:
-                        break
-                    for o in range(len(table.options[j, b])):
-                        reach.setdefault(b, {}).setdefault(table.leave(j, b, o, st),
-                                                           path + [(j, b, o)])
-        if q in reach.get(a, {}):
-            return reach[a][q]
-    raise AssertionError(f"no path leaves state {q} at boundary {a}")
+def _fillers(table: ChainTable, kept: list[frozenset[int]]
+             ) -> dict[tuple[int, State], list[tuple[int, int, int]]]:
+    """Per boundary ``a`` and state ``q`` there: regions (boundary, boundary, option) ending
+    at ``a`` that leave ``q`` after keep regions over single gaps before them (what
+    `_simulate` puts there), the ones starting latest. One pass over the transitions: the
+    latest start reaching a state is the latest of its predecessors' (a predecessor in the
+    state keep regions leave it starts there itself); ties go to the first found."""
+    # best[j][q]: (start, i, o, the state at i, whether the path starts at i)
+    best: list[dict[State, tuple[int, int, int, State, bool]]] = [{}]
+    for j in range(1, len(table.points)):
+        here: dict[State, tuple[int, int, int, State, bool]] = {}
+        for i, o in table.ends[j]:
+            start_q = None if i == 0 else (KEEP, kept[i])
+            for q in table.states[i]:
+                if q == start_q:
+                    cand = (i, i, o, q, True)
+                elif q in best[i]:
+                    cand = (best[i][q][0], i, o, q, False)
+                else:
+                    continue
+                st = table.leave(i, j, o, q)
+                if st not in here or here[st][0] < cand[0]:
+                    here[st] = cand
+        best.append(here)
+    out: dict[tuple[int, State], list[tuple[int, int, int]]] = {}
+    for a in range(1, len(table.points)):
+        for q in table.states[a]:
+            path, j, st = [], a, q
+            while True:
+                if st not in best[j]:
+                    raise AssertionError(f"no path leaves state {q} at boundary {a}")
+                _, i, o, prev, first = best[j][st]
+                path.append((i, j, o))
+                if first:
+                    break
+                j, st = i, prev
+            out[a, q] = path[::-1]
+    return out
 
 
-def measure(table: ChainTable, graph: CostGraph) -> None:
-    """Every entry of ``table`` (``table.entries``), in few simulations: each job (a region
+def pack(table: ChainTable) -> list[list]:
+    """The simulations that measure every entry of ``table`` (`measure` runs them), as few
+    as the jobs' overlap allows: each job (a region
     option after an entry state) is an interval of boundaries. Taken by start, a job goes
     into a simulation whose jobs so far leave its state where it starts (with keep regions
     over the gaps since), with nothing before it; else into one free where the regions
-    that lead to its state (`_filler`) start, in the state they expect there; else into a
+    that lead to its state (`_fillers`) start, in the state they expect there; else into a
     new one. Jobs of one simulation do not disturb each other where the composition is
     exact, which is what ``table.exact`` checks."""
     kept = _kept_held(table)
-    fillers: dict[tuple[int, State], list] = {}
+    fillers = _fillers(table, kept)
     jobs = []
     for (a, b), opts in sorted(table.options.items()):
         for o in range(len(opts)):
             for q in table.states[a]:
-                if q is not None and (a, q) not in fillers:
-                    fillers[a, q] = _filler(table, a, q, kept)
                 jobs.append((a, b, o, q, [] if q is None else fillers[a, q]))
     jobs.sort(key=lambda j: (j[0], j[1], j[2], repr(j[3])))
     sims: list[list] = []
@@ -135,6 +153,11 @@ def measure(table: ChainTable, graph: CostGraph) -> None:
         sims[k].append(((a, b, o, q), fill))
         left[k], ends[k] = table.leave(a, b, o, q), b
         heapq.heappush(free, (b, k))
+    return sims
+
+
+def measure(table: ChainTable, graph: CostGraph, sims: list[list]) -> None:
+    """Every entry of ``table`` (``table.entries``), from the simulations `pack` planned."""
     for placed in sims:
         _simulate(table, graph, placed)
 

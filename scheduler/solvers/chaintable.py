@@ -5,8 +5,9 @@ finds; see `chain` for the space and why its entries compose exactly.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
+from itertools import accumulate
 from statistics import median
 
 from ..cost.simulate import storage_readers
@@ -17,10 +18,11 @@ from .base import graph_cache
 from .blocks import graph_layout, stage_signature
 from .chaincuts import (MAX_TRACKED, positions_of, saver_positions, shared_inputs,
                         spans_anchor, tracked_anchors, unit_cuts)
-from .chainpack import Entry, measure
+from . import chainpack
+from .chainpack import Entry
 from .config import SolverConfig
 
-__all__ = ["ChainTable", "Entry", "State", "applies", "table_of", "unit_cuts"]
+__all__ = ["ChainTable", "Entry", "State", "TableTooLarge", "applies", "table_of", "unit_cuts"]
 
 #: an entry state: the policy of the region before a boundary (no option caches what crosses
 #: its end, so the policy says all of that) and the tracked anchors crossing it that a region
@@ -35,14 +37,25 @@ def applies(graph: CostGraph) -> bool:
     return bool(graph.units) and bool(unit_calls(graph))
 
 
+class TableTooLarge(Exception):
+    """A `ChainTable` would take more simulations than it was allowed."""
+
+
 class ChainTable:
     """The space's boundaries (``points``), its region options (``options[a, b]`` for
     boundary indices ``a < b``) and their costs after each entry state (``entries[a, b, o,
     q]``), measured with the simulator; ``kinds``: per call, its kind; ``simulations``: how
-    many were run. It keeps no reference to the graph."""
+    many were run; ``planned``: how many measuring it takes. It keeps no reference to the
+    graph.
+
+    With ``measured=False`` the constructor plans the simulations and runs none (`measure`
+    does); with ``most_simulations``, it raises `TableTooLarge` as soon as the table is
+    known to need more (its options alone, before its states and plan, where they do: a
+    simulation holds one option per gap between boundaries)."""
 
     def __init__(self, graph: CostGraph, *, save_top: int = SolverConfig.save_top,
-                 tracked: int = SolverConfig.chain_tracked):
+                 tracked: int = 0, measured: bool = True,
+                 most_simulations: int | None = None):
         if not 0 <= tracked <= MAX_TRACKED:
             raise ValueError(f"chain_tracked={tracked!r}: the tracked anchors a unit cut may "
                              f"have crossing it are 0 to {MAX_TRACKED}")
@@ -82,6 +95,7 @@ class ChainTable:
         self.owner: dict[tuple[int, int], int | None] = {}
         self.kind_spans: dict[tuple[int, int], tuple[int, int, int]] = {}
         call_at = 0
+        sets_of: dict[tuple[int, int, int], list[tuple[int, ...]]] = {}
         for ci, (a, b) in enumerate(self.calls):
             if a > call_at:  # the model's own code before the call: kept
                 self.options[at[call_at], at[a]] = [(KEEP, frozenset())]
@@ -97,10 +111,12 @@ class ChainTable:
                     opts: list[Option] = [(KEEP, frozenset())] if y == x + 1 else []
                     if pb <= limits[pa] and not spans_anchor(
                             made, pa, pb, self.points[ja + 1:jb]):
+                        if (k, pa - a, pb - a) not in sets_of:  # (the same for the kind)
+                            sets_of[k, pa - a, pb - a] = _save_sets(
+                                graph, [self.calls[i] for i in members[k]], pa - a, pb - a,
+                                save_top)
                         opts += [(RECOMPUTE, frozenset(names[a + off] for off in offs))
-                                 for offs in _save_sets(graph, [self.calls[i] for i in
-                                                                members[k]],
-                                                        pa - a, pb - a, save_top)]
+                                 for offs in sets_of[k, pa - a, pb - a]]
                     if opts:
                         self.options[ja, jb] = opts
                         self.owner[ja, jb] = ci
@@ -109,11 +125,14 @@ class ChainTable:
             self.options[at[call_at], at[n]] = [(KEEP, frozenset())]
             self.owner[at[call_at], at[n]] = None
         # the producers whose storages cross each boundary
-        crossers: dict[int, frozenset[str]] = {}
-        for j, c in enumerate(self.points):
-            crossers[j] = frozenset(
-                graph.storages[sid].producer for sid, (p, uses) in pos.items()
-                if p < c <= (uses[-1] if uses else -1)) if 0 < c < n else frozenset()
+        crossing_producers: list[set[str]] = [set() for _ in self.points]
+        for sid, (p, uses) in pos.items():
+            j = bisect_right(self.points, p)  # (the first boundary after its making)
+            while uses and j < len(self.points) and self.points[j] <= uses[-1]:
+                if self.points[j] < n:
+                    crossing_producers[j].add(graph.storages[sid].producer)
+                j += 1
+        crossers = dict(enumerate(map(frozenset, crossing_producers)))
         # the composition is exact where what crosses a boundary is made by the region just
         # before it, is a secured anchor, or is tracked (`tracked_anchors`): in the entry
         # states, whether a region before holds it; at most `MAX_TRACKED` per boundary
@@ -141,6 +160,13 @@ class ChainTable:
         for (ja, jb), opts in list(self.options.items()):
             self.options[ja, jb] = [(p, save) for p, save in opts
                                     if p == KEEP or not save & crossers[jb]]
+        if most_simulations is not None:
+            over = [0] * (len(self.points) + 1)  # options over each gap, as differences
+            for (ja, jb), opts in self.options.items():
+                over[ja] += len(opts)
+                over[jb] -= len(opts)
+            if max(accumulate(over)) > most_simulations:
+                raise TableTooLarge(f"more than {most_simulations} simulations")
         self.ends: dict[int, list[tuple[int, int]]] = defaultdict(list)  # b -> [(a, o)]
         self.starts: dict[int, list[int]] = defaultdict(list)  # a -> [b]
         for (a, b), opts in sorted(self.options.items()):
@@ -155,7 +181,19 @@ class ChainTable:
                     seen[self.leave(a, j, o, q)] = None
             self.states[j] = list(seen)
         self.entries: dict[tuple[int, int, int, State], Entry] = {}
-        measure(self, graph)
+        self._plan: list[list] | None = chainpack.pack(self)
+        self.planned = len(self._plan)
+        if most_simulations is not None and self.planned > most_simulations:
+            raise TableTooLarge(f"{self.planned} simulations, more than {most_simulations}")
+        if measured:
+            self.measure(graph)
+
+    def measure(self, graph: CostGraph) -> None:
+        """Run the planned simulations (`chainpack.pack`) that fill ``entries`` (once; the
+        constructor does, unless ``measured=False``)."""
+        if self._plan is not None:
+            chainpack.measure(self, graph, self._plan)
+            self._plan = None
 
     def leave(self, a: int, b: int, o: int, q: State) -> tuple[str, frozenset[int]]:
         """The state region option ``o`` over boundaries ``[a, b)`` entered in ``q`` leaves
@@ -248,9 +286,24 @@ def _kind_times(graph: CostGraph, calls: list[tuple[int, int]]) -> list[float | 
 
 
 def table_of(graph: CostGraph, *, save_top: int = SolverConfig.save_top,
-             tracked: int = SolverConfig.chain_tracked) -> ChainTable:
-    """The chain table of ``graph`` (cached beside it, `base.graph_cache`)."""
+             tracked: int | None = SolverConfig.chain_tracked,
+             work: int = SolverConfig.chain_work) -> ChainTable:
+    """The chain table of ``graph`` (cached beside it, `base.graph_cache`). ``tracked=None``:
+    the most tracked anchors per cut (0 to `MAX_TRACKED`) whose table takes at most ``work``
+    node-simulations (planned simulations times compute nodes; the fewest, 0, whatever it
+    takes): a count, not a clock, so every run and machine builds the same table."""
     cache = graph_cache(graph, "chain tables")
-    if (save_top, tracked) not in cache:
-        cache[save_top, tracked] = ChainTable(graph, save_top=save_top, tracked=tracked)
-    return cache[save_top, tracked]
+    if (save_top, tracked, work) not in cache:
+        if tracked is not None:
+            table = ChainTable(graph, save_top=save_top, tracked=tracked)
+        else:
+            table = ChainTable(graph, save_top=save_top, tracked=0, measured=False)
+            for level in range(1, MAX_TRACKED + 1):
+                try:
+                    table = ChainTable(graph, save_top=save_top, tracked=level, measured=False,
+                                       most_simulations=work // len(graph.compute_nodes))
+                except TableTooLarge:
+                    break
+            table.measure(graph)
+        cache[save_top, tracked, work] = table
+    return cache[save_top, tracked, work]

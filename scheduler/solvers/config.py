@@ -82,17 +82,27 @@ class SolverConfig:
     min_solve_s: float = 0.5
     #: on a graph with units, `auto` answers with `chain`'s schedule at once where chain
     #: proves it OPTIMAL over its space and no cheap baseline does better: deterministic and
-    #: in a fraction of a second, but chain's space (boundaries at unit cuts only) misses
-    #: schedules the rest finds (32 Llama-3-8B-shaped layers at 40 GiB: +2.42% against
-    #: relax's +1.39%); off, chain's schedule is one candidate among the rest's
-    chain_first: bool = False
+    #: in seconds. None (the default): where chain's table is its richest, with
+    #: `chaincuts.MAX_TRACKED` tracked anchors (a tiny 4-layer Qwen3: the full-space optimum
+    #: `relax` proves at 90% and 70%, less recompute than `auto` found in 30 s at 60-40%);
+    #: True: at any setting; False: never, chain's schedule is one candidate among the
+    #: rest's. Chain's space misses schedules the rest finds on some graphs (32
+    #: Llama-3-8B-shaped layers at 30 GiB: +11.58% at 2 tracked anchors, `relax` +10.81%)
+    chain_first: bool | None = None
     #: the most *tracked* anchors that may cross one of ``chain``'s unit cuts
     #: (`chaincuts.tracked_anchors`: residual streams nothing saves, as in a bf16 model whose
-    #: norms cast the layer's input), 0 to 2: 0 (the default) cuts only where every anchor
-    #: is secured; 1 reaches inside bf16 layers (32 Llama-3-8B-shaped layers: 67 -> 803
+    #: norms cast the layer's input), 0 to 2, or None (the default): the most whose table
+    #: takes at most ``chain_work`` node-simulations. 0 cuts only where every anchor is
+    #: secured; 1 reaches inside bf16 layers (32 Llama-3-8B-shaped layers: 67 -> 803
     #: boundaries, 40 GiB +2.42% -> +1.39% recompute, `relax`'s full-space optimum) at many
-    #: times the time (table 0.2 -> 9 s, search 0.3 -> 5 s there); see docs/solvers.md
-    chain_tracked: int = 0
+    #: times the time (table 0.4 -> 9 s, search 0.3 -> 5 s there); see docs/solvers.md
+    chain_tracked: int | None = None
+    #: with ``chain_tracked=None``, the most node-simulations (the table's planned
+    #: simulations of the whole step times its compute nodes) the richer tables may take:
+    #: about 3 s on this project's 2-core CPU (a tiny 4-layer Qwen3 at 2 tracked anchors:
+    #: 207,030; 32 Llama-3-8B-shaped layers at 1: 651,456, so they keep 0); a count, not a
+    #: clock, so that the space is the same on every run and machine
+    chain_work: int = 300_000
 
     # -- dp --------------------------------------------------------------------------------
     #: a recompute region's slowest nodes `dp` may cache: each one more multiplies its region

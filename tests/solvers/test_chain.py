@@ -14,6 +14,7 @@ from scheduler.ir.graph import CostGraph
 from scheduler.ir.schedule import Schedule
 from scheduler.solvers import INFEASIBLE, OPTIMAL, SolverConfig, get_solver
 from scheduler.solvers.chain import ChainTable, chain, table_of
+from scheduler.solvers.chaintable import TableTooLarge
 from scheduler.testing.synthetic import random_graph
 
 from _chain_brute import simulated
@@ -253,6 +254,62 @@ def test_auto_past_its_deadline_answers_the_chains_schedule_and_runs_nothing_els
     r = get_solver("auto")(g, budget, time_limit_s=1e-9)
     assert r.solver == "chain" and r.fits
     assert r.schedule.regions == alone.schedule.regions
+
+
+@pytest.mark.parametrize("which", ["fp32", "bf16"])
+def test_the_default_table_is_the_richest_within_its_work(which: str) -> None:
+    """``chain_tracked=None``: the most tracked anchors whose table plans at most
+    ``chain_work`` node-simulations (each level's plan built on its own), 0 whatever it
+    takes; and a table refused for its size is one whose plan is larger (the refusal from
+    its options alone is a lower bound)."""
+    g = _llama() if which == "fp32" else _llama_bf16()
+    n = len(g.compute_nodes)
+    planned = [ChainTable(g, tracked=t, measured=False).planned for t in range(3)]
+    assert planned[0] < planned[1] < planned[2]  # (each level a larger table here)
+    works = sorted({0, *(p * n for p in planned), *(p * n - 1 for p in planned)})
+    for work in works:
+        expect = max([t for t in range(3) if planned[t] * n <= work], default=0)
+        table = table_of(g, tracked=None, work=work)
+        assert table.tracked_cuts == expect, work
+        assert table.simulations == planned[expect]  # (measured: its plan ran)
+    for t in (1, 2):
+        for most in sorted({0, planned[t] // 2, planned[t] - 1, planned[t]}):
+            if most < planned[t]:
+                with pytest.raises(TableTooLarge):
+                    ChainTable(g, tracked=t, measured=False, most_simulations=most)
+            else:
+                assert ChainTable(g, tracked=t, measured=False,
+                                  most_simulations=most).planned == planned[t]
+
+
+def test_auto_trusts_chain_by_default_only_over_its_richest_space(monkeypatch) -> None:
+    """By default auto answers with chain's proven schedule where chain's table has
+    `MAX_TRACKED` tracked anchors (the 2-layer Llama affords them), running no solver but
+    the cheap baselines; with a table held to fewer (``chain_work``), chain's schedule is
+    one candidate and the rest run."""
+    import scheduler.solvers.auto as auto_module
+
+    g = _llama_bf16()
+    least = _least(g)
+    budget = least + (_kept(g) - least) // 2
+    alone = chain(g, budget)
+    assert alone.status == OPTIMAL and table_of(g).tracked_cuts == 2
+    real, ran = auto_module.get_solver, []
+
+    def recorded(name: str):
+        ran.append(name)
+        return real(name)
+
+    monkeypatch.setattr(auto_module, "get_solver", recorded)
+    r = get_solver("auto")(g, budget, time_limit_s=5)
+    assert r.solver == "chain" and r.schedule.regions == alone.schedule.regions
+    assert set(ran) <= {"chain", *auto_module.BASELINES} - set(auto_module.SLOW_BASELINES)
+    ran.clear()
+    small = SolverConfig(chain_work=len(g.compute_nodes))  # (level 0 only)
+    d = get_solver("auto")(g, budget, time_limit_s=5, config=small)
+    assert "relax" in ran and d.fits
+    assert d.estimate.recompute_s <= chain(g, budget, config=small).estimate.recompute_s * (
+        1 + 1e-9)
 
 
 def test_needs_units() -> None:
