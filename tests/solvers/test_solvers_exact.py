@@ -430,3 +430,20 @@ def test_cpsat_objective_is_the_simulated_recompute_time() -> None:
             assert solver.Solve(model.m) == cp_model.OPTIMAL
             want = simulate(g, model.schedule(solver)).recompute_s
             assert abs(solver.ObjectiveValue() / 1e9 - want) <= 2e-9 * len(rc), (kind, seed)
+
+
+def test_dp_sizes_its_table_by_a_count_not_a_clock(recorded_graph, monkeypatch) -> None:
+    """`dp.affordable_cuts` reads no clock (a loaded machine once got 12 cuts on the MLP
+    where an idle one got 17, and dp's answer changed), and the cuts grow with the seconds
+    and shrink with the graph."""
+    import scheduler.solvers.dp as dp_module
+
+    class NoClock:
+        def perf_counter(self) -> float:
+            raise AssertionError("affordable_cuts read the clock")
+
+    monkeypatch.setattr(dp_module, "time", NoClock())
+    mlp, gpt = recorded_graph("mlp"), recorded_graph("gpt")
+    cuts = [dp_module.affordable_cuts(mlp, s) for s in (0.01, 0.1, 1.0)]
+    assert cuts == sorted(cuts) and cuts[0] < cuts[-1]
+    assert dp_module.affordable_cuts(gpt, 0.1) < dp_module.affordable_cuts(mlp, 0.1)
