@@ -1,12 +1,10 @@
 """``auto`` (the default): the exact methods, checked against every baseline.
 
-On a graph with units (`CostGraph.units`) ``chain`` runs first (seconds at most, no clock).
-Where chain proves its schedule OPTIMAL over its space (``schedule.meta["space"]``) and no
-cheap baseline (``BASELINES`` less `SLOW_BASELINES`) recomputes less within the budget, that
-is the answer at once if `SolverConfig.chain_first` says so: by default where chain's table
-has its richest space (`chaincuts.MAX_TRACKED` tracked anchors per cut, which small models
-afford within `SolverConfig.chain_work`). Otherwise its schedule is a candidate like the
-others' (certified against the full-space bound like them).
+On a graph with units (`CostGraph.units`) ``chain`` runs first (seconds at most, no clock)
+and its schedule is a candidate like the others' (certified against the full-space bound
+like them). With `SolverConfig.chain_first`, where chain proves its schedule OPTIMAL over its
+space (``schedule.meta["space"]``) and no cheap baseline (``BASELINES`` less
+`SLOW_BASELINES`) recomputes less within the budget, that is the answer at once.
 
 The whole call keeps to one deadline, ``time_limit_s`` from its start (`deadline`): no step
 starts past it and the ones under way stop there, so the answer is the best found by then.
@@ -46,8 +44,7 @@ from ..ir.schedule import Schedule
 from .base import INFEASIBLE, OPTIMAL, SolveResult, finish, get_solver, register
 from .blockdp import blocks_of, table_built
 from .certify import certify
-from .chain import applies, table_of
-from .chaincuts import MAX_TRACKED
+from .chain import applies
 from .config import SolverConfig
 from .deadline import expired, within
 from .deadline import left as time_left
@@ -107,10 +104,7 @@ def _auto(graph: CostGraph, budget_bytes: int, time_limit_s: float | None,
             # schedule, as it is; on a deep graph the rest would start past the deadline)
             return replace(certify(graph, chained, time_limit_s=0.0, config=config),
                            solve_s=time.perf_counter() - started)
-        trusted = config.chain_first if config.chain_first is not None else (
-            table_of(graph, save_top=config.save_top, tracked=config.chain_tracked,
-                     work=config.chain_work).tracked_cuts == MAX_TRACKED)
-        if trusted and chained.status == OPTIMAL:
+        if config.chain_first and chained.status == OPTIMAL:
             # (a baseline outside chain's space that recomputes less sends it to the rest)
             better = [r for name in BASELINES if name not in SLOW_BASELINES
                       for r in [get_solver(name)(graph, budget_bytes)]

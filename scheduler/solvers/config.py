@@ -82,13 +82,11 @@ class SolverConfig:
     min_solve_s: float = 0.5
     #: on a graph with units, `auto` answers with `chain`'s schedule at once where chain
     #: proves it OPTIMAL over its space and no cheap baseline does better: deterministic and
-    #: in seconds. None (the default): where chain's table is its richest, with
-    #: `chaincuts.MAX_TRACKED` tracked anchors (a tiny 4-layer Qwen3: the full-space optimum
-    #: `relax` proves at 90% and 70%, less recompute than `auto` found in 30 s at 60-40%);
-    #: True: at any setting; False: never, chain's schedule is one candidate among the
-    #: rest's. Chain's space misses schedules the rest finds on some graphs (32
-    #: Llama-3-8B-shaped layers at 30 GiB: +11.58% at 2 tracked anchors, `relax` +10.81%)
-    chain_first: bool | None = None
+    #: in seconds, but chain's space misses schedules the rest finds (a tiny 4-layer Qwen3 at
+    #: 50%, its table at 2 tracked anchors: 7.386 ms of recompute in 1 s, where `relax`
+    #: finds 7.138 ms in 30 s; 32 Llama-3-8B-shaped layers at 30 GiB: +11.58% against
+    #: +10.81%); off (the default), chain's schedule is one candidate among the rest's
+    chain_first: bool = False
     #: the most *tracked* anchors that may cross one of ``chain``'s unit cuts
     #: (`chaincuts.tracked_anchors`: residual streams nothing saves, as in a bf16 model whose
     #: norms cast the layer's input), 0 to 2, or None (the default): the most whose table

@@ -282,36 +282,6 @@ def test_the_default_table_is_the_richest_within_its_work(which: str) -> None:
                                   most_simulations=most).planned == planned[t]
 
 
-def test_auto_trusts_chain_by_default_only_over_its_richest_space(monkeypatch) -> None:
-    """By default auto answers with chain's proven schedule where chain's table has
-    `MAX_TRACKED` tracked anchors (the 2-layer Llama affords them), running no solver but
-    the cheap baselines; with a table held to fewer (``chain_work``), chain's schedule is
-    one candidate and the rest run."""
-    import scheduler.solvers.auto as auto_module
-
-    g = _llama_bf16()
-    least = _least(g)
-    budget = least + (_kept(g) - least) // 2
-    alone = chain(g, budget)
-    assert alone.status == OPTIMAL and table_of(g).tracked_cuts == 2
-    real, ran = auto_module.get_solver, []
-
-    def recorded(name: str):
-        ran.append(name)
-        return real(name)
-
-    monkeypatch.setattr(auto_module, "get_solver", recorded)
-    r = get_solver("auto")(g, budget, time_limit_s=5)
-    assert r.solver == "chain" and r.schedule.regions == alone.schedule.regions
-    assert set(ran) <= {"chain", *auto_module.BASELINES} - set(auto_module.SLOW_BASELINES)
-    ran.clear()
-    small = SolverConfig(chain_work=len(g.compute_nodes))  # (level 0 only)
-    d = get_solver("auto")(g, budget, time_limit_s=5, config=small)
-    assert "relax" in ran and d.fits
-    assert d.estimate.recompute_s <= chain(g, budget, config=small).estimate.recompute_s * (
-        1 + 1e-9)
-
-
 def test_needs_units() -> None:
     with pytest.raises(ValueError, match="units"):
         chain(random_graph(6, seed=0), 10**9)
