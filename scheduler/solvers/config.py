@@ -83,9 +83,10 @@ class SolverConfig:
     #: on a graph with units, `auto` answers with `chain`'s schedule at once where chain
     #: proves it OPTIMAL over its space and no cheap baseline does better: deterministic and
     #: in seconds, but chain's space misses schedules the rest finds (a tiny 4-layer Qwen3 at
-    #: 50%, its table at 2 tracked anchors: 7.386 ms of recompute in 1 s, where `relax`
-    #: finds 7.138 ms in 30 s; 32 Llama-3-8B-shaped layers at 30 GiB: +11.58% against
-    #: +10.81%); off (the default), chain's schedule is one candidate among the rest's
+    #: 50%, its table at 2 tracked anchors: 9.615 ms of recompute in 1 s, where `relax`
+    #: finds 9.251 ms in 30 s, docs/benchmarks.md's ``chain_first``; 32 Llama-3-8B-shaped
+    #: layers at 30 GiB: +11.58% against +10.81%); off (the default), chain's schedule is one
+    #: candidate among the rest's
     chain_first: bool = False
     #: the most *tracked* anchors that may cross one of ``chain``'s unit cuts
     #: (`chaincuts.tracked_anchors`: residual streams nothing saves, as in a bf16 model whose
