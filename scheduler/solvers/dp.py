@@ -233,21 +233,13 @@ def simulation_s(graph: CostGraph) -> float:
     return 8e-7 * (len(static.fwd_flat) + len(static.stor) + 4 * static.n_steps) + 1e-4
 
 
-#: seconds one simulation (`region_costs`) takes per compute node, the rate `affordable_cuts`
-#: sizes the table by: the slower half of the recorded graphs on this project's 2-core CPU
-#: (2.7-10.5 us per node: MLP 6.7, GPT 5.0, tiny Qwen3 7.0, 32 Llama-3-8B-shaped layers
-#: 10.5). A count, not a clock: the table, so the answer, is the same on every run, rank
-#: and machine; a slower machine takes longer to build it, and the time limit still holds
-SIMULATION_S_PER_NODE = 7e-6
-
-
 def affordable_cuts(graph: CostGraph, seconds: float, *, most: int = 40,
                     save_top: int = SolverConfig.save_top) -> int:
     """How many cuts the region table can have for its O(cuts^2) simulations to take about
-    ``seconds`` on this graph at `SIMULATION_S_PER_NODE` (no clock read)."""
+    ``seconds`` on this graph, each priced by `simulation_s` (its size, not a clock: the same
+    graph and seconds give the same table on every run, rank and machine)."""
     # every region option, after every entry state
-    per_pair = ((save_top + 2) * len(ENTRY_STATES) * len(graph.compute_nodes)
-                * SIMULATION_S_PER_NODE)
+    per_pair = (save_top + 2) * len(ENTRY_STATES) * simulation_s(graph)
     return max(2, min(most, int((2 * seconds / per_pair) ** 0.5)))
 
 

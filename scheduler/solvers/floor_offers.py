@@ -24,7 +24,7 @@ from .config import SolverConfig
 from .cpsat import unit_points
 from .cpsat_model import CpsatModel
 from .deadline import OutOfTime, expired, left, within
-from .dp import dp, min_feasible_bytes, simulation_s, table_for
+from .dp import affordable_cuts, dp, min_feasible_bytes, simulation_s, table_for
 from .heuristics import BASELINES
 
 __all__ = ["Offered", "dp_cuts", "offered", "once_per_limit"]
@@ -69,10 +69,7 @@ def dp_cuts(graph: CostGraph, seconds: float | None, *, most: int = 40) -> int:
     """How many cuts `dp`'s table may have for its O(cuts^2) simulations to take about
     ``seconds``, estimated from the graph's size (events, storages, steps), not timed, so that
     the same graph and limit give the same table (None: ``most``)."""
-    if seconds is None:
-        return most
-    per_pair = 4 * 3 * simulation_s(graph)  # (region options, entry states)
-    return max(2, min(most, int((2 * seconds / per_pair) ** 0.5)))
+    return most if seconds is None else affordable_cuts(graph, seconds, most=most)
 
 
 @offers_least_peak("dp")
