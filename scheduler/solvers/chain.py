@@ -92,21 +92,24 @@ class _Front:
 
 def _pareto(chunks: list[tuple]) -> _Front:
     """The Pareto front on (held, key), both minimized, of candidate chunks; of equal ones
-    the first in the order they came (a stable sort): deterministic."""
+    the first in the order they came: deterministic. Each chunk is a front already (a front
+    shifted by one region's constants), sorted by held, so a stable sort by held alone merges
+    them (timsort finds the runs); of the points left with equal held, the last has the least
+    key (and is the first to come of those with it)."""
     held = np.concatenate([c[0] for c in chunks])
     key = np.concatenate([c[1] for c in chunks])
-    other = np.concatenate([c[2] for c in chunks])
-    src = np.concatenate([np.full(len(c[0]), c[3], dtype=np.int64) for c in chunks])
-    idx = np.concatenate([c[4] for c in chunks])
-    spans = [c[5] for c in chunks]
-    span_of = np.concatenate([np.full(len(c[0]), k, dtype=np.int64)
-                              for k, c in enumerate(chunks)])
-    order = np.lexsort((key, held))  # (stable: by held, then key, then arrival)
+    sizes = [len(c[0]) for c in chunks]
+    order = np.argsort(held, kind="stable")
     k = key[order]
     before = np.concatenate(([np.inf], np.minimum.accumulate(k)[:-1]))
     keep = order[k < before]
-    return _Front(held[keep], key[keep], other[keep], src[keep], idx[keep], spans,
-                  span_of[keep])
+    h = held[keep]
+    keep = keep[np.append(h[1:] != h[:-1], True)]
+    other = np.concatenate([c[2] for c in chunks])[keep]
+    src = np.repeat(np.array([c[3] for c in chunks], dtype=np.int64), sizes)[keep]
+    idx = np.concatenate([c[4] for c in chunks])[keep]
+    span_of = np.repeat(np.arange(len(chunks), dtype=np.int64), sizes)[keep]
+    return _Front(held[keep], key[keep], other, src, idx, [c[5] for c in chunks], span_of)
 
 
 def _run(table: ChainTable, budget: int | None) -> tuple[int, float, Path] | None:

@@ -295,3 +295,38 @@ def test_deterministic() -> None:
     ra, rb = chain(a, budget), chain(b, budget)
     assert ra.schedule is not None and ra.schedule.regions == rb.schedule.regions
     assert ra.estimate == rb.estimate and ra.status == rb.status == OPTIMAL
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=1,
+                         max_size=8), min_size=1, max_size=6))
+def test_the_dps_fronts_are_pareto_fronts_with_the_first_of_equals(
+        raw: list[list[tuple[int, int]]]) -> None:
+    """The DP's merge of candidate chunks (each a front sorted by held, as the DP makes them)
+    keeps exactly the points no other point beats in both held and key, and of equal points
+    the first to come: against a brute force over every pair, on small integers (many
+    ties)."""
+    import numpy as np
+
+    import scheduler.solvers.chain as chain_module
+
+    chunks, points = [], []
+    for c, pairs in enumerate(raw):
+        front = []  # (a front: held ascending, key strictly descending)
+        for h, k in sorted(set(pairs)):
+            if not front or k < front[-1][1]:
+                front = [p for p in front if p[0] < h] + [(h, k)]
+        held = np.array([h for h, _ in front], np.int64)
+        key = np.array([k for _, k in front], np.float64)
+        chunks.append((held, key, -key, 7 * c, np.arange(len(front)), (c, c, c)))
+        points += [(h, k, c, i) for i, (h, k) in enumerate(front)]
+    f = chain_module._pareto(chunks)
+    want = [p for n, p in enumerate(points)
+            if not any((q[0] <= p[0] and q[1] <= p[1] and (q[0], q[1]) != (p[0], p[1]))
+                       or ((q[0], q[1]) == (p[0], p[1]) and m < n)
+                       for m, q in enumerate(points))]
+    got = [(int(h), float(k), int(s) // 7, int(i))
+           for h, k, s, i in zip(f.held, f.key, f.src, f.idx)]
+    assert sorted(got) == sorted(want)
+    assert list(f.held) == sorted(f.held) and all(f.other == -f.key)
+    assert [f.span[int(s)] for s in f.span_of] == [(c, c, c) for _, _, c, _ in got]
